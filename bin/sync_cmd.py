@@ -1,0 +1,16 @@
+"""`rlgw sync`: placeholder until its issue lands (replaced by the owning work)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `rlgw sync`."""
+    p = sub.add_parser("sync", help="(not built yet)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Not built yet."""
+    raise SystemExit("rlgw sync: not built yet")

@@ -1,0 +1,37 @@
+"""Shared fixtures: paths of the committed test models, and GPU skipping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import FIXTURES
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `gpu`-marked tests where no CUDA device exists."""
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3() -> Path:
+    """The committed tiny Qwen3-style checkpoint (real Qwen3 chat template, small BPE)."""
+    return FIXTURES / "tiny-qwen3"
+
+
+@pytest.fixture(scope="session")
+def tiny_chatml() -> Path:
+    """The committed tiny ChatML checkpoint (SmolLM2's tokenizer and template)."""
+    return FIXTURES / "tiny-chatml"

@@ -1,0 +1,71 @@
+"""Real subprocesses for tests: the embedded engine and the gateway, on free loopback ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    """Poll `url` until it answers 200; fail with the process's output if it dies or times out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} was healthy:\n{out}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError(f"{url} not healthy after {timeout}s")
+
+
+@contextlib.contextmanager
+def rlgw_process(args: list[str], health_path: str, port: int, env: dict | None = None) -> Iterator[str]:
+    """Run `rlgw ARGS` (which must listen on `port`) and yield its base URL until the block ends."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlgw.bin.main", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=full_env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base + health_path, proc)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def engine_server(model: str | Path, *extra: str) -> Iterator[str]:
+    """The embedded engine serving `model` in a subprocess; yields its base URL."""
+    port = free_port()
+    with rlgw_process(["engine", "--model", str(model), "--port", str(port), *extra], "/health", port) as url:
+        yield url

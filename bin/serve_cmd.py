@@ -1,16 +1,149 @@
-"""`rlgw serve`: placeholder until its issue lands (replaced by the owning work)."""
+"""`rlgw serve`: the recording gateway, in front of an SGLang URL or the embedded engine."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+EXAMPLES = """examples:
+  rlgw serve                                   # embedded engine (SmolLM2 on CPU) + gateway on :8000
+  rlgw serve --model tests/fixtures/tiny-qwen3 # embedded engine on another checkpoint
+  rlgw serve --engine-url http://router:30000  # in front of SGLang / sglang-router
+  RLGW_TENANT_KEYS='team-a:KEY1,team-b:KEY2' rlgw serve --engine-url http://router:30000
+"""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `rlgw serve`."""
-    p = sub.add_parser("serve", help="(not built yet)")
+    p = sub.add_parser(
+        "serve",
+        help="run the recording gateway (with the embedded engine unless --engine-url is given)",
+        description="Run the OpenAI-compatible recording gateway.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--engine-url", help="SGLang (or sglang-router) base URL; default: start the embedded engine"
+    )
+    p.add_argument(
+        "--model", default="smollm2", help="embedded engine's model: a checkpoint dir or 'smollm2'"
+    )
+    p.add_argument("--engine-port", type=int, default=0, help="embedded engine's port (default: a free one)")
+    p.add_argument("--engine-threads", type=int, default=None, help="embedded engine's torch threads")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--data-dir", type=Path, default=None, help="trajectory store dir (default: ~/.local/share/rlgw)"
+    )
+    p.add_argument("--tokenizer", help="tokenizer dir (default: the engine's tokenizer_path)")
+    p.add_argument("--chat-template", type=Path, help="a Jinja chat template file overriding the tokenizer's")
+    p.add_argument("--tool-parser", default="auto", help="auto, none, hermes, qwen25 or qwen3_coder")
+    p.add_argument("--reasoning-parser", default="auto", help="auto, none or qwen3")
+    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument("--policy", default="segment", help="on rewritten history: segment, passthrough or refuse")
+    p.add_argument("--public-url", help="base URL agents reach this gateway at (for session base_url)")
+    p.add_argument("--served-model-name", help="model name reported to agents")
+    p.add_argument(
+        "--tenant-keys-file",
+        type=Path,
+        help='JSON {"tenant": "key", ...}; also RLGW_TENANT_KEYS="tenant:key,...". None: open, one tenant',
+    )
     p.set_defaults(func=run)
 
 
+def _tenant_keys(args: argparse.Namespace) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    if args.tenant_keys_file:
+        for tenant, key in json.loads(args.tenant_keys_file.read_text()).items():
+            pairs[str(key)] = str(tenant)
+    for item in filter(None, os.environ.get("RLGW_TENANT_KEYS", "").split(",")):
+        tenant, _, key = item.partition(":")
+        if not key:
+            raise SystemExit("RLGW_TENANT_KEYS must look like 'tenant:key,tenant2:key2'")
+        pairs[key] = tenant
+    return pairs
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def embedded_engine(args: argparse.Namespace) -> Iterator[str]:
+    """Run `rlgw engine` in a child process; yields its URL once healthy, stops it after."""
+    import httpx
+
+    port = args.engine_port or _free_port()
+    cmd = [sys.executable, "-m", "rlgw.bin.main", "--log-level", args.log_level, "engine"]
+    cmd += ["--model", args.model, "--port", str(port)]
+    if args.engine_threads:
+        cmd += ["--threads", str(args.engine_threads)]
+    print(f"rlgw serve: starting the embedded engine ({args.model}) on 127.0.0.1:{port}", file=sys.stderr)
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        last = time.monotonic()
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"rlgw serve: the embedded engine exited with code {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() - last > 15:
+                print("rlgw serve: waiting for the embedded engine...", file=sys.stderr)
+                last = time.monotonic()
+            time.sleep(0.3)
+        print(f"rlgw serve: embedded engine ready at {url}", file=sys.stderr)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def run(args: argparse.Namespace) -> int:
-    """Not built yet."""
-    raise SystemExit("rlgw serve: not built yet")
+    """Start the gateway (and the embedded engine if needed) until interrupted."""
+    import uvicorn
+
+    from rlgw.gateway.app import GatewayConfig, create_app
+    from rlgw.gateway.ledger import Policy
+    from rlgw.gateway.store import default_data_dir
+
+    tenant_keys = _tenant_keys(args)
+    with contextlib.ExitStack() as stack:
+        engine_url = args.engine_url or stack.enter_context(embedded_engine(args))
+        config = GatewayConfig(
+            engine_url=engine_url,
+            data_dir=args.data_dir or default_data_dir(),
+            tokenizer=args.tokenizer,
+            chat_template=args.chat_template,
+            tool_parser=args.tool_parser,
+            reasoning_parser=args.reasoning_parser,
+            context_length=args.context_length,
+            tenant_keys=tenant_keys,
+            public_url=args.public_url,
+            default_policy=Policy(args.policy),
+            served_model_name=args.served_model_name,
+        )
+        print(f"rlgw serve: gateway on http://{args.host}:{args.port} (engine {engine_url})", file=sys.stderr)
+        uvicorn.run(
+            create_app(config),
+            host=args.host,
+            port=args.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=10,
+        )
+    return 0

@@ -1,16 +1,256 @@
-"""`rlgw trajectories`: placeholder until its issue lands (replaced by the owning work)."""
+"""`rlgw trajectories list|show|export`: read a trajectory store's SQLite file directly, read-only.
+
+This module owns the command line and the export formats (JSONL, Parquet); the on-disk
+format belongs to `rlgw.gateway.store`. It works with the gateway running or stopped.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from rlgw.gateway.store import StoredSample, TrajectoryStore
+
+EXAMPLES = """\
+examples:
+  rlgw trajectories list --limit 20
+  rlgw trajectories list --tenant team-a --after 1200
+  rlgw trajectories show 1234
+  rlgw trajectories export --format parquet --out batch.parquet --after 1200
+  rlgw trajectories export --format jsonl --out - | head -c 1000
+"""
+EXPORT_BATCH = 64
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `rlgw trajectories`."""
-    p = sub.add_parser("trajectories", help="(not built yet)")
+    """Register `rlgw trajectories` and its three actions."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="the gateway's data directory (default: $RLGW_DATA_DIR or ~/.local/share/rlgw)",
+    )
+    common.add_argument("--tenant", default=None, help="only this tenant's samples (default: all tenants)")
+    p = sub.add_parser(
+        "trajectories",
+        help="list, show or export stored training samples",
+        description="Read the trajectory store (read-only; works while the gateway runs).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    ls = actions.add_parser("list", parents=[common], help="a table of stored samples, oldest first")
+    ls.add_argument("--after", type=int, default=0, help="only samples with a cursor above this")
+    ls.add_argument("--limit", type=int, default=100, help="at most this many rows (default: 100)")
+
+    show = actions.add_parser("show", parents=[common], help="one sample as JSON")
+    show.add_argument("cursor", type=int)
+
+    ex = actions.add_parser(
+        "export", parents=[common], help="write samples as JSONL or Parquet (slime field names)"
+    )
+    ex.add_argument("--format", choices=("jsonl", "parquet"), required=True)
+    ex.add_argument("--out", required=True, help="output file ('-' for stdout, jsonl only)")
+    ex.add_argument("--after", type=int, default=0, help="only samples with a cursor above this")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Not built yet."""
-    raise SystemExit("rlgw trajectories: not built yet")
+    """Open the store read-only and run the chosen action; exit code 2 if there is no store."""
+    from rlgw.gateway.store import StoreError, TrajectoryStore, default_data_dir
+
+    data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
+    try:
+        store = TrajectoryStore.open_readonly(data_dir)
+    except StoreError as exc:
+        print(f"rlgw trajectories: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.action == "list":
+            return _list(store, args)
+        if args.action == "show":
+            return _show(store, args)
+        return _export(store, args)
+    finally:
+        store.close_sync()
+
+
+def _list(store: TrajectoryStore, args: argparse.Namespace) -> int:
+    header = ("cursor", "session", "task", "segment", "status", "reward", "response_length", "trainable")
+    rows = [header]
+    for s in store.list_sync(args.tenant, after=args.after, limit=args.limit):
+        smp = s.sample
+        reward = "-" if smp.reward is None else f"{smp.reward:g}"
+        rows.append(
+            (
+                str(s.cursor),
+                s.session_id,
+                s.task_id,
+                str(s.segment),
+                str(smp.status),
+                reward,
+                str(smp.response_length),
+                str(int(smp.loss_mask.sum())),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    if len(rows) == 1:
+        print("(no samples)", file=sys.stderr)
+    return 0
+
+
+def _show(store: TrajectoryStore, args: argparse.Namespace) -> int:
+    stored = store.get_sync(args.tenant, args.cursor)
+    if stored is None:
+        print(f"rlgw trajectories: no sample with cursor {args.cursor}", file=sys.stderr)
+        return 1
+    # The CLI can span tenants, so unlike the HTTP API it names the owner.
+    sys.stdout.buffer.write(stored.to_json(with_tenant=True))
+    return 0
+
+
+def _export(store: TrajectoryStore, args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    total = store.count_sync(args.tenant, after=args.after)
+    samples = store.iter_sync(args.tenant, after=args.after, batch=EXPORT_BATCH)
+    progress = tqdm(total=total, unit="sample", file=sys.stderr, mininterval=0.5, desc="export")
+    if args.format == "jsonl":
+        _export_jsonl(samples, args.out, progress)
+    else:
+        if args.out == "-":
+            print("rlgw trajectories: parquet needs a file for --out", file=sys.stderr)
+            return 2
+        _export_parquet(samples, Path(args.out), progress)
+    progress.close()
+    print(f"exported {progress.n} samples to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _export_jsonl(samples: Iterator[StoredSample], out: str, progress: Any) -> None:
+    with contextlib.nullcontext(sys.stdout.buffer) if out == "-" else _atomic_file(Path(out)) as fh:
+        for s in samples:
+            fh.write(s.to_json(with_tenant=True))
+            progress.update(1)
+
+
+@contextlib.contextmanager
+def _atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file written under a temporary name and renamed when complete: no half-written exports."""
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        with open(tmp, "wb") as fh:
+            yield fh
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _parquet_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("tenant", pa.string()),
+            ("cursor", pa.int64()),
+            ("session_id", pa.string()),
+            ("task_id", pa.string()),
+            ("segment", pa.int32()),
+            ("created_at", pa.float64()),
+            ("tokens", pa.list_(pa.int32())),
+            ("response_length", pa.int32()),
+            ("loss_mask", pa.list_(pa.uint8())),
+            ("rollout_log_probs", pa.list_(pa.float32())),
+            ("reward", pa.float64()),
+            ("status", pa.string()),
+            ("rollout_id", pa.string()),
+            ("group_index", pa.int32()),
+            (
+                "weight_versions",
+                pa.list_(pa.struct([("version", pa.string()), ("start", pa.int32()), ("end", pa.int32())])),
+            ),
+            # Free-form per sample, so kept as a JSON string rather than a struct per key.
+            ("metadata", pa.string()),
+            ("teacher_log_probs", pa.list_(pa.float32())),
+            ("teacher_topk_indices", pa.list_(pa.list_(pa.int32()))),
+            ("teacher_topk_logprobs", pa.list_(pa.list_(pa.float32()))),
+        ]
+    )
+
+
+def _list_column(values: list[np.ndarray | None], field_type: pa.DataType) -> pa.Array:
+    """A list (or list-of-list, for [n, k] arrays) column from numpy arrays, built without Python loops
+    over elements; `None` entries become nulls."""
+    import numpy as np
+    import pyarrow as pa
+
+    inner_type = field_type.value_type
+    present = [v for v in values if v is not None]
+    mask = pa.array([v is None for v in values]) if len(present) < len(values) else None
+    offsets = pa.array(
+        np.cumsum([0] + [0 if v is None else len(v) for v in values], dtype=np.int64), pa.int32()
+    )
+    if pa.types.is_list(inner_type):
+        rows = [v.reshape(len(v), -1) for v in present]
+        flat_rows: list[np.ndarray | None] = [r for v in rows for r in v] if rows else []
+        child = _list_column(flat_rows, inner_type) if flat_rows else pa.array([], inner_type)
+    else:
+        dtype = inner_type.to_pandas_dtype()
+        flat = np.concatenate([np.asarray(v, dtype).ravel() for v in present]) if present else []
+        child = pa.array(flat, inner_type)
+    return pa.ListArray.from_arrays(offsets, child, mask=mask)
+
+
+def _record_batch(batch: list[StoredSample]) -> pa.RecordBatch:
+    import orjson
+    import pyarrow as pa
+
+    schema = _parquet_schema()
+    smp = [s.sample for s in batch]
+    columns: dict[str, Any] = {
+        "tenant": [s.tenant for s in batch],
+        "cursor": [s.cursor for s in batch],
+        "session_id": [s.session_id for s in batch],
+        "task_id": [s.task_id for s in batch],
+        "segment": [s.segment for s in batch],
+        "created_at": [s.created_at for s in batch],
+        "response_length": [x.response_length for x in smp],
+        "reward": [x.reward for x in smp],
+        "status": [str(x.status) for x in smp],
+        "rollout_id": [x.rollout_id for x in smp],
+        "group_index": [x.group_index for x in smp],
+        "weight_versions": [
+            [{"version": w.version, "start": w.start, "end": w.end} for w in x.weight_versions] for x in smp
+        ],
+        "metadata": [orjson.dumps(x.metadata).decode() for x in smp],
+    }
+    arrays = []
+    for field in schema:
+        if field.name in columns:
+            arrays.append(pa.array(columns[field.name], field.type))
+        else:
+            arrays.append(_list_column([getattr(x, field.name) for x in smp], field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _export_parquet(samples: Iterator[StoredSample], out: Path, progress: Any) -> None:
+    import pyarrow.parquet as pq
+
+    with _atomic_file(out) as fh, pq.ParquetWriter(fh, _parquet_schema(), compression="zstd") as writer:
+        while batch := list(itertools.islice(samples, EXPORT_BATCH)):
+            writer.write_batch(_record_batch(batch))
+            progress.update(len(batch))

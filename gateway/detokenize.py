@@ -1,0 +1,75 @@
+"""Incremental detokenization: the engine's output ids, as text, piece by piece.
+
+`IncrementalDetokenizer` turns a growing list of sampled ids into text deltas whose
+concatenation is exactly ``tokenizer.decode(all_ids, skip_special_tokens=...)``. It decodes only
+a small window around the boundary (vLLM's and SGLang's prefix/read offsets): the ids already
+emitted in the previous step are decoded again as context, so byte-level merges and
+leading-space rules see the same left context as a full decode, and the difference between the
+two decodes is the new text. A delta that ends in U+FFFD (an incomplete UTF-8 character) is held
+back until more ids complete it, or until `flush`.
+
+Text is for the agent and for humans only; training uses the ids (DESIGN.md, token provenance).
+This module knows nothing about parsing or HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+_REPLACEMENT = "\ufffd"
+
+
+def _decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[Sequence[int]], str]:
+    """The cheapest call that decodes exactly as ``tokenizer.decode(ids, skip_special_tokens=...)``."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        # A fast tokenizer without clean-up decodes with its Rust backend alone; skipping the
+        # Python wrapper saves most of the per-call cost on short windows.
+        return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+class IncrementalDetokenizer:
+    """Decodes one generation's ids incrementally; O(new ids) per `feed`.
+
+    `tokenizer` is a transformers tokenizer. Added tokens that are not special (Qwen3's
+    ``<think>``, ``<tool_call>``) are kept in the text; special ones (``<|im_end|>``) are dropped
+    when `skip_special_tokens` is true.
+    """
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+        self._decode = _decoder(tokenizer, skip_special_tokens)
+        self._ids: list[int] = []
+        self._prefix_offset = 0  # start of the context window (ids already emitted)
+        self._read_offset = 0  # first id whose text is not yet emitted
+        self._prefix_text = ""  # decode(ids[prefix_offset:read_offset])
+
+    @property
+    def ids(self) -> list[int]:
+        """All ids fed so far (do not modify)."""
+        return self._ids
+
+    def feed(self, ids: Sequence[int]) -> str:
+        """Append `ids`; return the text they complete (may be empty while a character is partial)."""
+        if not ids:
+            return ""
+        self._ids.extend(ids)
+        text = self._decode(self._ids[self._prefix_offset :])
+        if len(text) <= len(self._prefix_text) or text.endswith(_REPLACEMENT):
+            return ""
+        return self._advance(text)
+
+    def flush(self) -> str:
+        """Return whatever is still held back (a trailing U+FFFD that never completed)."""
+        if self._read_offset == len(self._ids):
+            return ""
+        return self._advance(self._decode(self._ids[self._prefix_offset :]))
+
+    def _advance(self, text: str) -> str:
+        new = text[len(self._prefix_text) :]
+        # The ids just emitted become the next window's context.
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        self._prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        return new

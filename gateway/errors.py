@@ -1,0 +1,130 @@
+"""Errors the gateway raises, and their OpenAI-shaped HTTP form.
+
+GatewayError
+├── APIError             an error answered to the caller as OpenAI error JSON
+│   ├── InvalidRequest   400: the request asks for something wrong or unsupported
+│   ├── ContextLengthExceeded  400 `context_length_exceeded`: the prompt does not fit the model
+│   ├── AuthError        401: missing or wrong key
+│   ├── NotFound         404: no such session or object (or another tenant's)
+│   └── Conflict         409: the session is in a state that forbids the call
+└── UpstreamError        the engine failed (502), timed out (504) or is overloaded (503)
+    └── UpstreamAborted  the engine aborted the generation
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.exceptions import HTTPException, RequestValidationError
+from starlette.responses import Response
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway raises on purpose."""
+
+
+class APIError(GatewayError):
+    """An error with an HTTP status and an OpenAI error body."""
+
+    status = 400
+    type = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error JSON: `{"error": {message, type, param, code}}`."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class InvalidRequest(APIError):
+    """400: the request is malformed or asks for something rlgw does not support."""
+
+
+class ContextLengthExceeded(APIError):
+    """400: the prompt plus the requested completion does not fit the model's context."""
+
+    code = "context_length_exceeded"
+
+
+class AuthError(APIError):
+    """401: missing or wrong API key."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(APIError):
+    """404: no such object visible to the caller."""
+
+    status = 404
+    type = "not_found_error"
+
+
+class Conflict(APIError):
+    """409: the object is in a state that forbids the call (for example a finished session)."""
+
+    status = 409
+    type = "conflict_error"
+
+
+class UpstreamError(APIError):
+    """The engine could not serve the request (502 by default; 503 overloaded; 504 timeout)."""
+
+    status = 502
+    type = "upstream_error"
+
+
+class UpstreamAborted(UpstreamError):
+    """The engine aborted the generation (paused for a weight update, or aborted by an operator)."""
+
+    status = 503
+    code = "engine_aborted"
+
+
+def json_response(status: int, body: Any) -> Response:
+    """A JSON response encoded with orjson."""
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+async def handle_api_error(request: Request, exc: Exception) -> Response:
+    """FastAPI handler: `APIError` -> its status and OpenAI body."""
+    assert isinstance(exc, APIError)
+    return json_response(exc.status, exc.body())
+
+
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
+    """FastAPI handler: `HTTPException` -> OpenAI body (a dict `detail` is the error object)."""
+    assert isinstance(exc, HTTPException)
+    detail = exc.detail
+    if not isinstance(detail, dict):
+        detail = {"message": str(detail), "type": "invalid_request_error", "param": None, "code": None}
+    return json_response(exc.status_code, {"error": detail})
+
+
+async def handle_validation_error(request: Request, exc: Exception) -> Response:
+    """FastAPI handler: request validation errors -> 400 with the first problem named."""
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    message = f"{loc}: {first.get('msg', 'invalid request')}" if loc else str(first.get("msg", "invalid"))
+    return json_response(
+        400,
+        {"error": {"message": message, "type": "invalid_request_error", "param": loc or None, "code": None}},
+    )
+
+
+def install_error_handlers(app: Any) -> None:
+    """Make every error of `app` answer in OpenAI's error format."""
+    app.add_exception_handler(APIError, handle_api_error)
+    app.add_exception_handler(HTTPException, handle_http_exception)
+    app.add_exception_handler(RequestValidationError, handle_validation_error)

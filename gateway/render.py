@@ -1,0 +1,275 @@
+"""Chat-template rendering for the token ledger: whole first prompts, then increments only.
+
+The model's chat template (from the tokenizer, or a `--chat-template` override) turns messages
+into prompt text. Turn 1 renders the whole initial prompt. Every later turn renders only the
+messages that are new since the assistant turn the engine sampled, so a turn costs what its
+increment costs, never what the history costs.
+
+Templates are not append-only (Qwen3 drops the reasoning of earlier turns and groups
+consecutive tool results into one user turn), so an increment is rendered *in context*: after
+a tiny anchor conversation `[user, assistant SENTINEL]` that stands in for the history. The
+text after the anchor assistant's content is exactly what the template emits after an
+assistant turn: the closing of that turn, the new messages (grouped as the template groups
+them), and the generation prompt. The engine's sampled ids normally already end with the
+end-of-turn token, so its text is cut from the front of the increment; a turn cut by length
+keeps the template's whole closing.
+
+This module owns message normalization (OpenAI shapes -> what templates accept), rendering
+and tokenizing. It does not decide which messages are new (the ledger does), never sees
+sampled ids, and never re-renders what the ledger holds. `template_probe` checks, at start-up,
+that a given template renders increments the way this module assumes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from rlgw.gateway.errors import GatewayError, InvalidRequest
+from transformers import PreTrainedTokenizerBase
+
+# Plain text that templates pass through unchanged; it marks where the anchor assistant's
+# content ends. It never reaches the engine (only text after it is tokenized).
+SENTINEL = "rlgw-anchor-5d1f0c"
+_ANCHOR: tuple[dict[str, Any], ...] = (
+    {"role": "user", "content": "x"},
+    {"role": "assistant", "content": SENTINEL},
+)
+# OpenAI content-part types that carry text.
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+
+
+class TemplateIncompatible(GatewayError):
+    """The chat template cannot be rendered incrementally the way the ledger needs."""
+
+
+@dataclass(frozen=True)
+class TemplateConfig:
+    """How prompts are rendered: a template override and template kwargs for every request.
+
+    `chat_template` is Jinja text (None: the tokenizer's own template); `read_chat_template`
+    turns a `--chat-template` argument into it. `template_kwargs` (e.g. `{"enable_thinking":
+    False}`) are passed to every render; per-request kwargs override them.
+    """
+
+    chat_template: str | None = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def read_chat_template(value: str) -> str:
+    """The template text of a `--chat-template` argument: a file path, or Jinja text itself."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template {value!r} is neither a readable file nor Jinja template text")
+
+
+class ChatRenderer:
+    """Renders conversations through one tokenizer's chat template into token ids.
+
+    - `render_prompt`: the whole first prompt, generation prompt included.
+    - `render_continuation`: the ids to append after a sampled assistant turn; renders only
+      the new messages plus a two-message anchor (cost grows with the increment and the tools
+      list, not with the history).
+    - Text is tokenized with special tokens parsed and no BOS/EOS added (templates write their
+      own special tokens), exactly as `apply_chat_template(tokenize=True)` does.
+
+    Trade-off: the anchor stands in for the real history, so a template whose rendering of a
+    message depends on more than "an assistant turn came before it" (message numbering, say)
+    renders increments wrongly; `template_probe.probe_template` detects that at start-up.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: TemplateConfig = TemplateConfig()) -> None:
+        self._tok = tokenizer
+        self._config = config
+        self._kwargs = dict(config.template_kwargs)
+        try:
+            tokenizer.get_chat_template(config.chat_template)
+        except ValueError as e:
+            raise TemplateIncompatible(
+                f"tokenizer {tokenizer.name_or_path!r} has no chat template; pass one with --chat-template"
+            ) from e
+        closing = self._assistant_closing()
+        first = self.tokenize(closing)[0]
+        self._eot_id = (
+            first if first in set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder) else None
+        )
+        self._eot_text = tokenizer.convert_ids_to_tokens(first) if self._eot_id is not None else ""
+        if self._eot_id is None or not closing.startswith(self._eot_text):
+            raise TemplateIncompatible(
+                f"the chat template closes an assistant turn with {closing!r}, which does not start with "
+                "a special token: the engine's stop token cannot be matched to the template's turn end"
+            )
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The tokenizer this renderer encodes with."""
+        return self._tok
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Ids that end an assistant turn: the template's end-of-turn token, then EOS if different."""
+        ids = [self._eot_id]
+        eos = self._tok.eos_token_id
+        if eos is not None and eos != self._eot_id:
+            ids.append(eos)
+        return ids
+
+    @property
+    def end_of_turn_text(self) -> str:
+        """The text of the template's end-of-turn token (e.g. `<|im_end|>`)."""
+        return self._eot_text
+
+    def normalize(self, messages: list[dict]) -> list[dict]:
+        """OpenAI-shaped messages -> what chat templates accept (new dicts; inputs untouched).
+
+        `content: None` becomes "" (Qwen3's template raises on None); a list of content parts
+        becomes its text parts joined by "\\n" (as vLLM does for string-content templates);
+        non-text parts are refused. Tool-call `function.arguments` given as a JSON object string
+        (OpenAI's shape) become a mapping, so that templates that apply `tojson` do not encode a
+        string twice; arguments that are not a JSON object stay as given. None-valued keys
+        other than content are dropped (templates test for presence, not for None).
+        """
+        return [self._normalize_one(i, m) for i, m in enumerate(messages)]
+
+    def render_text(
+        self, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool, **kwargs: Any
+    ) -> str:
+        """The plain full render of `messages` (for the first prompt, the probe and tests)."""
+        return self._render(self.normalize(messages), tools, add_generation_prompt, kwargs)
+
+    def render_prompt(self, messages: list[dict], tools: list[dict] | None, **kwargs: Any) -> list[int]:
+        """Ids of the whole first prompt, ending with the generation prompt."""
+        if not messages:
+            raise InvalidRequest("messages must not be empty", param="messages")
+        return self.tokenize(self.render_text(messages, tools, add_generation_prompt=True, **kwargs))
+
+    def render_continuation(
+        self,
+        new_messages: list[dict],
+        tools: list[dict] | None,
+        *,
+        previous_ended_with_eos: bool,
+        **kwargs: Any,
+    ) -> list[int]:
+        """Ids to append after the last sampled assistant turn.
+
+        They hold the template's closing of that turn (only when the generation did not end
+        with the end-of-turn token, e.g. cut by length), the new messages rendered as the
+        template renders them after an assistant turn (consecutive tool results grouped
+        together), and the generation prompt for `kwargs` (with `enable_thinking=False`, Qwen3's
+        empty think block). Nothing before the new messages is rendered.
+        """
+        if not new_messages:
+            raise ValueError("render_continuation needs at least one new message")
+        text = self._render([{'role':'tool','content':'q'}, *_ANCHOR, *self.normalize(new_messages)], tools, True, kwargs)
+        at = text.find(SENTINEL)
+        if at < 0:
+            raise TemplateIncompatible("the chat template dropped the anchor assistant's content")
+        tail = text[at + len(SENTINEL) :]
+        if not tail.startswith(self._eot_text):
+            raise TemplateIncompatible(
+                f"after an assistant turn the template emitted {tail[:40]!r}, not {self._eot_text!r}"
+            )
+        if previous_ended_with_eos:
+            tail = tail[len(self._eot_text) :]
+        return self.tokenize(tail)
+
+    def _assistant_closing(self) -> str:
+        """What the template writes after an assistant turn's content when nothing follows."""
+        text = self._render(list(_ANCHOR), None, False, {})
+        at = text.find(SENTINEL)
+        closing = text[at + len(SENTINEL) :] if at >= 0 else ""
+        if not closing:
+            raise TemplateIncompatible(
+                "the chat template does not render an assistant turn's content followed by a turn end"
+            )
+        return closing
+
+    def _render(
+        self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool, kwargs: Mapping
+    ) -> str:
+        tools = tools or None  # `if tools` in templates: an empty list means no tools
+        try:
+            return self._tok.apply_chat_template(
+                messages,
+                tools=tools,
+                chat_template=self._tok.get_chat_template(self._config.chat_template, tools),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **{**self._kwargs, **kwargs},
+            )
+        except (jinja2.TemplateError, TypeError) as e:
+            # The template refused the conversation ("roles must alternate"), or tripped over a
+            # value of a shape it does not expect (templates are code run over agent input).
+            raise InvalidRequest(f"the chat template rejected the messages: {e}", param="messages") from e
+
+    def tokenize(self, text: str) -> list[int]:
+        """Ids of rendered text: special tokens parsed, no BOS/EOS added (templates write their own)."""
+        return self._tok.encode(text, add_special_tokens=False, split_special_tokens=False)
+
+    @staticmethod
+    def _normalize_one(index: int, message: Any) -> dict:
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise InvalidRequest(
+                f"messages[{index}] must be an object with a string 'role'", param="messages"
+            )
+        out = {k: v for k, v in message.items() if v is not None}
+        out["content"] = _content_text(index, message.get("content"))
+        if "tool_calls" in out:
+            out["tool_calls"] = [_normalize_tool_call(index, c) for c in out["tool_calls"]]
+        return out
+
+
+def _content_text(index: int, content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif (
+                isinstance(part, Mapping)
+                and part.get("type") in _TEXT_PARTS
+                and isinstance(part.get("text"), str)
+            ):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise InvalidRequest(
+                    f"messages[{index}].content: unsupported content part {kind!r} (text only)",
+                    param=f"messages[{index}].content",
+                )
+        return "\n".join(texts)
+    raise InvalidRequest(
+        f"messages[{index}].content must be a string, a list of text parts, or null",
+        param=f"messages[{index}].content",
+    )
+
+
+def _normalize_tool_call(index: int, call: Any) -> Any:
+    if not isinstance(call, Mapping):
+        raise InvalidRequest(f"messages[{index}].tool_calls entries must be objects", param="messages")
+    function = call.get("function")
+    if not isinstance(function, Mapping):
+        return dict(call)
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            arguments = parsed
+    elif arguments is None:
+        arguments = {}
+    return {**call, "function": {**function, "arguments": arguments}}

@@ -1,0 +1,150 @@
+"""Sessions: one per task run, each with its mode, policy, key, ledger and lock.
+
+A session belongs to the tenant that created it; its own API key lets an agent call the
+OpenAI surface without knowing the session id. This module owns the session table and the
+session lifecycle (open -> finished | deleted); it knows nothing about HTTP or the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgw.gateway.errors import Conflict, NotFound
+from rlgw.gateway.ledger import Ledger, Policy
+from rlgw.gateway.tenants import KeyTable
+
+
+class Mode(enum.StrEnum):
+    """capture: record a ledger and store samples. eval: serve the same API, record nothing."""
+
+    CAPTURE = "capture"
+    EVAL = "eval"
+
+
+@dataclass
+class Session:
+    """A task run's state on this gateway replica."""
+
+    id: str
+    tenant: str
+    task_id: str
+    mode: Mode
+    rollout_id: str
+    group_index: int
+    policy: Policy
+    metadata: dict[str, Any]
+    sampling: dict[str, Any]
+    created_at: float = field(default_factory=time.time)
+    ledger: Ledger | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    finished: bool = False
+    termination_reason: str | None = None
+    turns: int = 0
+    failed_turns: int = 0
+    active_rids: set[str] = field(default_factory=set)
+    summary: dict[str, Any] | None = None  # the finish summary, kept so a retried finish gets it
+
+    def describe(self) -> dict[str, Any]:
+        """The public view of the session (no key)."""
+        doc: dict[str, Any] = {
+            "session_id": self.id,
+            "task_id": self.task_id,
+            "mode": str(self.mode),
+            "rollout_id": self.rollout_id,
+            "group_index": self.group_index,
+            "policy": str(self.policy),
+            "metadata": self.metadata,
+            "created_at": self.created_at,
+            "finished": self.finished,
+            "termination_reason": self.termination_reason,
+            "turns": self.turns,
+            "failed_turns": self.failed_turns,
+        }
+        if self.ledger is not None:
+            doc["capturing"] = self.ledger.capturing
+            doc["invalid_reason"] = self.ledger.invalid_reason
+            doc["segments"] = len(self.ledger.segments)
+            doc["tokens"] = len(self.ledger.current)
+            doc["trainable_tokens"] = sum(s.trainable_tokens() for s in self.ledger.segments)
+        return doc
+
+
+class SessionTable:
+    """All open sessions of this replica, by id and by key."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+        self._keys = KeyTable()
+        self._key_of: dict[str, str] = {}
+
+    def create(
+        self,
+        *,
+        tenant: str,
+        task_id: str,
+        mode: Mode,
+        rollout_id: str | None,
+        group_index: int,
+        policy: Policy,
+        metadata: dict[str, Any],
+        sampling: dict[str, Any],
+    ) -> tuple[Session, str]:
+        """Open a session; returns it and its API key (shown once, stored only as a digest)."""
+        sid = "s-" + uuid.uuid4().hex
+        key = "sk-rlgw-" + secrets.token_urlsafe(24)
+        session = Session(
+            id=sid,
+            tenant=tenant,
+            task_id=task_id,
+            mode=mode,
+            rollout_id=rollout_id or uuid.uuid4().hex,
+            group_index=group_index,
+            policy=policy,
+            metadata=metadata,
+            sampling=sampling,
+            ledger=Ledger() if mode is Mode.CAPTURE else None,
+        )
+        self._sessions[sid] = session
+        self._keys.add(key, sid)
+        self._key_of[sid] = key
+        return session, key
+
+    def get(self, session_id: str, tenant: str | None = None) -> Session:
+        """The session, or NotFound (also when it belongs to another tenant)."""
+        s = self._sessions.get(session_id)
+        if s is None or (tenant is not None and s.tenant != tenant):
+            raise NotFound(f"no session {session_id!r}", param="session_id")
+        return s
+
+    def get_open(self, session_id: str, tenant: str | None = None) -> Session:
+        """The session if it is still open, else Conflict."""
+        s = self.get(session_id, tenant)
+        if s.finished:
+            raise Conflict(f"session {session_id!r} is finished", param="session_id")
+        return s
+
+    def by_key(self, key: str) -> Session | None:
+        """The session whose API key is `key`."""
+        sid = self._keys.owner(key)
+        return self._sessions.get(sid) if sid else None
+
+    def check_key(self, session: Session, key: str | None) -> bool:
+        """Whether `key` is `session`'s key (constant-time)."""
+        return key is not None and self._keys.owner(key) == session.id
+
+    def remove(self, session_id: str) -> Session | None:
+        """Forget a session and its key."""
+        s = self._sessions.pop(session_id, None)
+        key = self._key_of.pop(session_id, None)
+        if key is not None:
+            self._keys.remove(key)
+        return s
+
+    def __len__(self) -> int:
+        return len(self._sessions)

@@ -1,0 +1,236 @@
+"""Session routes: open, inspect, finish (validate + store the samples), delete.
+
+`finish` is where a session's ledger becomes training samples: every segment is built into a
+`Sample`, checked against the hand-off contract, and the accepted ones are committed to the
+store in one transaction before the answer leaves. Rejected segments are reported with their
+reason, never passed on. Finishing twice returns the first summary (a retry is safe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from rlgw.gateway.errors import InvalidRequest, json_response
+from rlgw.gateway.ledger import Policy
+from rlgw.gateway.sample import RejectReason, SampleRejected, SampleStatus, validate_sample
+from rlgw.gateway.sessions import Mode, Session
+from rlgw.gateway.tenants import require_tenant
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "presence_penalty"}
+
+
+class SessionCreate(BaseModel):
+    """`POST /v1/sessions` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str = Field(min_length=1, max_length=512)
+    mode: Mode = Mode.CAPTURE
+    rollout_id: str | None = Field(None, max_length=512)
+    group_index: int = Field(0, ge=0)
+    policy: Policy | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionFinish(BaseModel):
+    """`POST /v1/sessions/{id}/finish` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reward: float | None = None
+    status: SampleStatus | None = None
+    termination_reason: str | None = Field(None, max_length=256)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+@router.post("/v1/sessions")
+async def create_session(
+    request: Request, body: SessionCreate, tenant: str = Depends(require_tenant)
+) -> Response:
+    """Open a session; answers its id, base URL for the agent, and API key."""
+    unknown = set(body.sampling) - SAMPLING_KEYS
+    if unknown:
+        raise InvalidRequest(f"unknown sampling keys {sorted(unknown)}; allowed: {sorted(SAMPLING_KEYS)}")
+    state = request.app.state
+    session, key = state.sessions.create(
+        tenant=tenant,
+        task_id=body.task_id,
+        mode=body.mode,
+        rollout_id=body.rollout_id,
+        group_index=body.group_index,
+        policy=body.policy or state.default_policy,
+        metadata=body.metadata,
+        sampling=body.sampling,
+    )
+    base = state.public_url or str(request.base_url).rstrip("/")
+    log.info(
+        "session opened",
+        extra={
+            "fields": {"session": session.id, "task": body.task_id, "mode": str(body.mode), "tenant": tenant}
+        },
+    )
+    return json_response(
+        200,
+        {
+            "session_id": session.id,
+            "base_url": f"{base}/s/{session.id}/v1",
+            "api_key": key,
+            "mode": str(session.mode),
+            "rollout_id": session.rollout_id,
+        },
+    )
+
+
+@router.get("/v1/sessions/{session_id}")
+async def get_session(request: Request, session_id: str, tenant: str = Depends(require_tenant)) -> Response:
+    """The session's state (no key, no tokens)."""
+    session: Session = request.app.state.sessions.get(session_id, tenant)
+    doc = session.describe()
+    if session.summary is not None:
+        doc["summary"] = session.summary
+    return json_response(200, doc)
+
+
+async def _abort_active(request: Request, session: Session) -> None:
+    backend = request.app.state.backend
+    for rid in list(session.active_rids):
+        with contextlib.suppress(Exception):
+            await backend.abort(rid)
+
+
+@router.delete("/v1/sessions/{session_id}")
+async def delete_session(
+    request: Request, session_id: str, tenant: str = Depends(require_tenant)
+) -> Response:
+    """Abort the session's in-flight generation and forget it; nothing is stored."""
+    sessions = request.app.state.sessions
+    session = sessions.get(session_id, tenant)
+    await _abort_active(request, session)
+    sessions.remove(session_id)
+    return json_response(200, {"session_id": session_id, "deleted": True})
+
+
+def _status(session: Session, body: SessionFinish) -> SampleStatus:
+    if body.status is not None:
+        return body.status
+    ledger = session.ledger
+    last = ledger.current.last_turn if ledger is not None else None
+    if session.termination_reason == "context_length_exceeded" or (last and last.finish_type == "length"):
+        return SampleStatus.TRUNCATED
+    return SampleStatus.COMPLETED
+
+
+@router.post("/v1/sessions/{session_id}/finish")
+async def finish_session(
+    request: Request, session_id: str, body: SessionFinish, tenant: str = Depends(require_tenant)
+) -> Response:
+    """Validate the ledger, store the accepted samples, and answer a summary."""
+    state = request.app.state
+    session: Session = state.sessions.get(session_id, tenant)
+    if session.finished:
+        return json_response(200, session.summary)
+    await _abort_active(request, session)
+    async with session.lock:
+        if session.finished:
+            return json_response(200, session.summary)
+        if body.termination_reason:
+            session.termination_reason = body.termination_reason
+        summary = await _store_samples(request, session, body)
+        session.finished = True
+        session.summary = summary
+        session.ledger = None  # the tokens are in the store now; free the memory
+    log.info(
+        "session finished",
+        extra={
+            "fields": {
+                "session": session.id,
+                "task": session.task_id,
+                "samples": len(summary["samples"]),
+                "rejects": len(summary["rejects"]),
+                "trainable_tokens": summary["trainable_tokens"],
+                "termination_reason": session.termination_reason,
+            }
+        },
+    )
+    return json_response(200, summary)
+
+
+async def _store_samples(request: Request, session: Session, body: SessionFinish) -> dict[str, Any]:
+    state = request.app.state
+    summary: dict[str, Any] = {
+        "session_id": session.id,
+        "mode": str(session.mode),
+        "samples": [],
+        "trainable_tokens": 0,
+        "segments": 0,
+        "rejects": [],
+        "termination_reason": session.termination_reason,
+    }
+    ledger = session.ledger
+    if ledger is None:  # eval mode records nothing
+        return summary
+    status = _status(session, body)
+    metadata = {
+        **session.metadata,
+        **body.metadata,
+        "task_id": session.task_id,
+        "session_id": session.id,
+        "termination_reason": session.termination_reason,
+        "turns": session.turns,
+        "failed_turns": session.failed_turns,
+    }
+    built = ledger.build_samples(
+        reward=body.reward,
+        status=status,
+        rollout_id=session.rollout_id,
+        group_index=session.group_index,
+        metadata=metadata,
+    )
+    summary["segments"] = len(built)
+    accepted = []
+    for index, sample, why in built:
+        if ledger.invalid_reason is not None:
+            summary["rejects"].append(
+                {
+                    "segment": index,
+                    "reason": str(RejectReason.CAPTURE_INVALID),
+                    "detail": ledger.invalid_reason,
+                }
+            )
+            continue
+        if sample is None:
+            summary["rejects"].append({"segment": index, "reason": str(RejectReason.EMPTY), "detail": why})
+            continue
+        try:
+            validate_sample(sample, vocab_size=state.vocab_size)
+        except SampleRejected as exc:
+            summary["rejects"].append({"segment": index, "reason": str(exc.reason), "detail": exc.detail})
+            continue
+        accepted.append((index, sample))
+    if accepted:
+        cursors = await asyncio.shield(
+            state.store.add_samples(session.tenant, session.id, session.task_id, [s for _, s in accepted])
+        )
+        for cursor, (index, sample) in zip(cursors, accepted, strict=True):
+            trainable = int(sample.loss_mask.sum())
+            summary["samples"].append(
+                {
+                    "cursor": cursor,
+                    "segment": index,
+                    "trainable_tokens": trainable,
+                    "response_length": sample.response_length,
+                }
+            )
+            summary["trainable_tokens"] += trainable
+    return summary

@@ -1,0 +1,451 @@
+"""The trajectory store: finished samples in SQLite (WAL), durable before `finish` answers.
+
+This module owns the on-disk format of stored samples and the cursor that orders them: one
+row per sample, cursor = SQLite's AUTOINCREMENT id (monotonic, never reused), scoped by
+tenant on every read. Token arrays are stored as one zstd frame of little-endian raw
+arrays behind a small JSON manifest (`encode_arrays`); `weight_versions` and `metadata` are
+JSON. A few summary columns (status, reward, lengths) are duplicated out of the blob so
+the CLI and ad-hoc SQL can list samples without decoding them.
+
+It does not own HTTP (`trajectories_api`), validation (`sample.validate_sample`, done by
+the caller before `add_samples`), or sessions. Async methods belong to the event loop
+that first uses them; SQLite work runs on two dedicated threads (one writer connection,
+one reader connection) so the loop never blocks on disk and readers never wait behind
+an fsync (WAL lets them read while the writer commits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import sqlite3
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import zstandard
+
+from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
+
+SCHEMA_VERSION = 1
+DB_NAME = "trajectories.sqlite3"
+# zstd level 3: on 32k-token samples it is within 4% of level 6's size at half the time
+# (bench/store.py); byte-shuffling the arrays made them larger, not smaller.
+ZSTD_LEVEL = 3
+# How often `wait` re-reads the database when no in-process commit woke it; this only
+# matters when another process writes the same file.
+CROSS_PROCESS_POLL_S = 1.0
+
+_ARRAY_FIELDS: dict[str, np.dtype] = {
+    "tokens": np.dtype("<i4"),
+    "loss_mask": np.dtype("u1"),
+    "rollout_log_probs": np.dtype("<f4"),
+    "teacher_log_probs": np.dtype("<f4"),
+    "teacher_topk_indices": np.dtype("<i4"),
+    "teacher_topk_logprobs": np.dtype("<f4"),
+}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS samples (
+    cursor INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    segment INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    rollout_id TEXT NOT NULL,
+    group_index INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    reward REAL,
+    response_length INTEGER NOT NULL,
+    trainable_tokens INTEGER NOT NULL,
+    arrays BLOB NOT NULL,
+    weight_versions BLOB NOT NULL,
+    metadata BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS samples_by_tenant ON samples (tenant, cursor);
+"""
+
+_INSERT = (
+    "INSERT INTO samples (tenant, session_id, task_id, segment, created_at, rollout_id, group_index, status, "
+    "reward, response_length, trainable_tokens, arrays, weight_versions, metadata) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_COLUMNS = (
+    "cursor, tenant, session_id, task_id, segment, created_at, rollout_id, group_index, status, reward, \
+response_length, arrays, weight_versions, metadata"
+)
+
+
+# Arrays go straight from numpy to JSON (no Python lists); float32 prints in shortest exact form.
+_JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+
+
+class StoreError(RuntimeError):
+    """The database file is missing, of another schema version, or not a trajectory store."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSample:
+    """A sample as the store holds it: its cursor, owner and where it came from."""
+
+    cursor: int
+    tenant: str
+    session_id: str
+    task_id: str
+    segment: int
+    created_at: float
+    sample: Sample
+
+    def to_dict(self, *, numpy: bool = False) -> dict[str, Any]:
+        """The wire form: ids first, then the sample's slime-compatible fields (`Sample.to_dict`).
+
+        The tenant is left out: a caller only ever sees its own samples.
+        """
+        return {
+            "cursor": self.cursor,
+            "session_id": self.session_id,
+            "task_id": self.task_id,
+            "segment": self.segment,
+            "created_at": self.created_at,
+            **self.sample.to_dict(numpy=numpy),
+        }
+
+    def to_json(self, *, with_tenant: bool = False) -> bytes:
+        """`to_dict()` as one NDJSON line (newline included), optionally naming the tenant first."""
+        doc = self.to_dict(numpy=True)
+        if with_tenant:
+            doc = {"tenant": self.tenant, **doc}
+        return orjson.dumps(doc, option=_JSON_OPTS)
+
+
+def default_data_dir() -> Path:
+    """`$RLGW_DATA_DIR`, else `$XDG_DATA_HOME/rlgw`, else `~/.local/share/rlgw`."""
+    if env := os.environ.get("RLGW_DATA_DIR"):
+        return Path(env).expanduser()
+    if xdg := os.environ.get("XDG_DATA_HOME"):
+        return Path(xdg).expanduser() / "rlgw"
+    return Path.home() / ".local" / "share" / "rlgw"
+
+
+def encode_arrays(sample: Sample) -> bytes:
+    """The sample's arrays as one zstd frame: u32 manifest length, JSON manifest, raw arrays.
+
+    The manifest lists `[name, dtype, shape]` in order; arrays are little-endian and
+    C-contiguous, so decoding is one decompress and zero-copy slicing.
+    """
+    manifest: list[list[Any]] = []
+    parts: list[bytes] = []
+    for name, dtype in _ARRAY_FIELDS.items():
+        value = getattr(sample, name)
+        if value is None:
+            continue
+        arr = np.ascontiguousarray(value, dtype=dtype)
+        manifest.append([name, dtype.str, list(arr.shape)])
+        parts.append(arr.tobytes())
+    head = orjson.dumps(manifest)
+    raw = b"".join([len(head).to_bytes(4, "little"), head, *parts])
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)
+
+
+def decode_arrays(blob: bytes) -> dict[str, np.ndarray]:
+    """Inverse of `encode_arrays`; the arrays are writable and share one buffer."""
+    raw = bytearray(zstandard.ZstdDecompressor().decompress(blob))
+    head_len = int.from_bytes(raw[:4], "little")
+    offset = 4 + head_len
+    out: dict[str, np.ndarray] = {}
+    for name, dtype_str, shape in orjson.loads(raw[4:offset]):
+        dtype = np.dtype(dtype_str)
+        count = int(np.prod(shape, dtype=np.int64))
+        out[name] = np.frombuffer(raw, dtype=dtype, count=count, offset=offset).reshape(shape)
+        offset += count * dtype.itemsize
+    if offset != len(raw):
+        raise StoreError(f"array blob has {len(raw) - offset} trailing bytes")
+    return out
+
+
+def _row_values(
+    tenant: str, session_id: str, task_id: str, segment: int, created_at: float, sample: Sample
+) -> tuple[Any, ...]:
+    return (
+        tenant,
+        session_id,
+        task_id,
+        segment,
+        created_at,
+        sample.rollout_id,
+        sample.group_index,
+        str(sample.status),
+        sample.reward,
+        sample.response_length,
+        int(np.count_nonzero(sample.loss_mask)),
+        encode_arrays(sample),
+        orjson.dumps([[s.version, s.start, s.end] for s in sample.weight_versions]),
+        orjson.dumps(sample.metadata),
+    )
+
+
+def _from_row(row: tuple[Any, ...]) -> StoredSample:
+    (
+        cursor,
+        tenant,
+        session_id,
+        task_id,
+        segment,
+        created_at,
+        rollout_id,
+        group_index,
+        status,
+        reward,
+        response_length,
+        arrays,
+        weight_versions,
+        metadata,
+    ) = row
+    arr = decode_arrays(arrays)
+    sample = Sample(
+        tokens=arr["tokens"],
+        response_length=response_length,
+        loss_mask=arr["loss_mask"],
+        rollout_log_probs=arr["rollout_log_probs"],
+        reward=reward,
+        status=SampleStatus(status),
+        rollout_id=rollout_id,
+        group_index=group_index,
+        weight_versions=[VersionSpan(v, s, e) for v, s, e in orjson.loads(weight_versions)],
+        metadata=orjson.loads(metadata),
+        teacher_log_probs=arr.get("teacher_log_probs"),
+        teacher_topk_indices=arr.get("teacher_topk_indices"),
+        teacher_topk_logprobs=arr.get("teacher_topk_logprobs"),
+    )
+    return StoredSample(cursor, tenant, session_id, task_id, segment, created_at, sample)
+
+
+def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    if readonly:
+        if not path.exists():
+            raise StoreError(f"no trajectory store at {path}")
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    else:
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        # FULL: a commit is fsynced before add_samples returns, so `finish` never answers
+        # for a sample that a power cut could take back (NORMAL in WAL mode could).
+        conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=10000")
+    return conn
+
+
+def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path} is not a trajectory store: {exc}") from exc
+    if row is None or int(row[0]) != SCHEMA_VERSION:
+        found = None if row is None else row[0]
+        raise StoreError(f"{path} has schema version {found}; this rlgw reads version {SCHEMA_VERSION}")
+
+
+class TrajectoryStore:
+    """Finished samples in one SQLite file, readable by cursor per tenant.
+
+    - `add_samples` writes all segments of one finish atomically, fsynced before it returns,
+      and wakes `wait`ers of that tenant at once. Finishes that arrive while a commit is in
+      flight are committed together in the next one (group commit, one fsync for all).
+    - `wait` long-polls without a busy loop: it sleeps on an in-process event, re-reading
+      the database every `CROSS_PROCESS_POLL_S` only in case another process writes it.
+    - `list_sync` / `get_sync` / `iter_sync` read without an event loop (the CLI opens the
+      file read-only with `open_readonly`).
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, reader: sqlite3.Connection, readonly: bool):
+        self.path = path
+        self._readonly = readonly
+        self._writer = conn
+        self._reader = reader
+        # One thread per connection: each connection is only ever used from its own thread.
+        self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-store-w")
+        self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-store-r")
+        self._events: dict[str, asyncio.Event] = {}
+        self._pending: queue.SimpleQueue[tuple[list[tuple[Any, ...]], Future[list[int]]]] = (
+            queue.SimpleQueue()
+        )
+
+    @classmethod
+    def open(cls, data_dir: Path) -> TrajectoryStore:
+        """Open (creating if needed) `data_dir/trajectories.sqlite3` for reading and writing."""
+        data_dir = Path(data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / DB_NAME
+        conn = _connect(path, readonly=False)
+        with contextlib.closing(conn.cursor()) as cur:
+            cur.execute("BEGIN IMMEDIATE")
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    cur.execute(stmt)
+            cur.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+            cur.execute("COMMIT")
+        _check_schema(conn, path)
+        return cls(path, conn, _connect(path, readonly=False), readonly=False)
+
+    @classmethod
+    def open_readonly(cls, data_dir: Path) -> TrajectoryStore:
+        """Open an existing store read-only (for the CLI); raises `StoreError` if absent or foreign."""
+        path = Path(data_dir) / DB_NAME
+        conn = _connect(path, readonly=True)
+        _check_schema(conn, path)
+        return cls(path, conn, conn, readonly=True)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _commit_pending(self) -> None:
+        """Writer thread: commit every queued finish in one transaction (group commit).
+
+        Each finish sits in its own SAVEPOINT, so one failing finish is rolled back alone
+        while the others commit; all share one fsync, which is what bounds the write rate.
+        """
+        batch: list[tuple[list[tuple[Any, ...]], Future[list[int]]]] = []
+        while not self._pending.empty():
+            batch.append(self._pending.get_nowait())
+        if not batch:
+            return  # an earlier call already committed this finish along with its own
+        conn = self._writer
+        outcomes: list[list[int] | BaseException] = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for rows, _ in batch:
+                conn.execute("SAVEPOINT finish")
+                try:
+                    outcomes.append([conn.execute(_INSERT, row).lastrowid for row in rows])
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO finish")
+                    outcomes.append(exc)
+                conn.execute("RELEASE finish")
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            outcomes = [exc] * len(batch)
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    async def add_samples(
+        self, tenant: str, session_id: str, task_id: str, samples: list[Sample]
+    ) -> list[int]:
+        """Store the segments of one finished session (segment i = samples[i]) all or nothing.
+
+        Returns their cursors, in order, once the transaction is durable on disk.
+        """
+        if self._readonly:
+            raise StoreError("this store was opened read-only")
+        if not samples:
+            return []
+        now = time.time()
+        # Compression runs on the shared default executor so that several finishes can encode
+        # in parallel (zstd releases the GIL); only the INSERT+fsync is serialized.
+        rows = await asyncio.to_thread(
+            lambda: [_row_values(tenant, session_id, task_id, i, now, s) for i, s in enumerate(samples)]
+        )
+        future: Future[list[int]] = Future()
+        self._pending.put((rows, future))
+        self._write_pool.submit(self._commit_pending)
+        cursors = await asyncio.wrap_future(future)
+        if (event := self._events.pop(tenant, None)) is not None:
+            event.set()
+        return cursors
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def list_sync(self, tenant: str | None, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
+        """Samples with cursor > `after`, oldest first, at most `limit`; `tenant=None` means all."""
+        if tenant is None:
+            rows = self._reader.execute(
+                f"SELECT {_COLUMNS} FROM samples WHERE cursor > ? ORDER BY cursor LIMIT ?", (after, limit)
+            ).fetchall()
+        else:
+            rows = self._reader.execute(
+                f"SELECT {_COLUMNS} FROM samples WHERE tenant = ? AND cursor > ? ORDER BY cursor LIMIT ?",
+                (tenant, after, limit),
+            ).fetchall()
+        return [_from_row(r) for r in rows]
+
+    def get_sync(self, tenant: str | None, cursor: int) -> StoredSample | None:
+        """The sample at `cursor` if it exists and belongs to `tenant` (`None`: any tenant)."""
+        row = self._reader.execute(f"SELECT {_COLUMNS} FROM samples WHERE cursor = ?", (cursor,)).fetchone()
+        if row is None or (tenant is not None and row[1] != tenant):
+            return None
+        return _from_row(row)
+
+    def count_sync(self, tenant: str | None, *, after: int = 0) -> int:
+        """How many samples have cursor > `after` (for `tenant`, or all)."""
+        if tenant is None:
+            q, args = "SELECT COUNT(*) FROM samples WHERE cursor > ?", (after,)
+        else:
+            q, args = "SELECT COUNT(*) FROM samples WHERE tenant = ? AND cursor > ?", (tenant, after)
+        return int(self._reader.execute(q, args).fetchone()[0])
+
+    def iter_sync(self, tenant: str | None, *, after: int = 0, batch: int = 64) -> Iterator[StoredSample]:
+        """Every sample after `after`, oldest first, read `batch` rows at a time."""
+        while chunk := self.list_sync(tenant, after=after, limit=batch):
+            yield from chunk
+            after = chunk[-1].cursor
+
+    def _latest_cursor(self, tenant: str) -> int:
+        row = self._reader.execute("SELECT MAX(cursor) FROM samples WHERE tenant = ?", (tenant,)).fetchone()
+        return int(row[0] or 0)
+
+    async def _read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._read_pool, lambda: fn(*args, **kwargs))
+
+    async def list(self, tenant: str, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
+        """The tenant's samples with cursor > `after`, oldest first, at most `limit`."""
+        return await self._read(self.list_sync, tenant, after=after, limit=limit)
+
+    async def get(self, tenant: str, cursor: int) -> StoredSample | None:
+        """The tenant's sample at `cursor`, or None (also when it belongs to another tenant)."""
+        return await self._read(self.get_sync, tenant, cursor)
+
+    async def wait(self, tenant: str, *, after: int, timeout: float) -> None:  # noqa: ASYNC109
+        """Return once the tenant has a sample with cursor > `after`, or after `timeout` seconds.
+
+        `timeout` is the long-poll length, so running out of it is a normal return, not an error.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            # Take the event before reading, so a commit between the read and the sleep is
+            # not missed: it sets this very event.
+            event = self._events.setdefault(tenant, asyncio.Event())
+            if await self._read(self._latest_cursor, tenant) > after:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), min(remaining, CROSS_PROCESS_POLL_S))
+
+    async def close(self) -> None:
+        """Close both connections (checkpointing the WAL) after pending work finishes."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.close_sync)
+
+    def close_sync(self) -> None:
+        """Synchronous `close`, for code without an event loop."""
+        self._write_pool.shutdown(wait=True)
+        self._read_pool.shutdown(wait=True)
+        if self._reader is not self._writer:
+            self._reader.close()
+        self._writer.close()

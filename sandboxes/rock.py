@@ -1,0 +1,404 @@
+"""The ROCK sandbox: a client for ROCK's admin HTTP API (`/apis/envs/sandbox/v1/...`).
+
+It speaks the contract of ROCK's own SDK (`rl-rock`, `rock/sdk/sandbox/client.py`):
+`start_async` then `get_status` polling until `is_alive`, `execute`, `create_session` /
+`run_in_session` / `close_session`, `read_file`, `write_file`, multipart `upload`, `stop`;
+every answer is the envelope `{status: "Success"|"Failed", message, error, result}`; the
+key travels as `XRL-Authorization: Bearer KEY`. Directory transfer goes through `upload`
+plus `tar`, downloads through `execute` with `tar | base64` (ROCK's admin API has no
+download route).
+
+This module owns the wire mapping only: no retries beyond status polling, nothing about
+agents. Configure it with `RockConfig` (or `RockConfig.from_env()`: `ROCK_BASE_URL`,
+`ROCK_API_KEY`, `ROCK_IMAGE`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import os
+import shlex
+import tarfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rlgw.sandboxes.base import (
+    ExecResult,
+    SandboxCommandError,
+    SandboxError,
+    SandboxFileNotFound,
+    SandboxStartError,
+    resolve,
+)
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/apis/envs/sandbox/v1"
+# Extra seconds the HTTP read may take beyond a command's own limit (queueing, transfer).
+HTTP_SLACK_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class RockConfig:
+    """Where the ROCK admin server is and what sandbox to ask it for.
+
+    `workdir` and `scratch` are shell-expanded inside the sandbox at start (so `$HOME/work`
+    works); `cluster` goes in the `X-Cluster` header as the SDK sends it.
+    """
+
+    base_url: str
+    api_key: str | None = None
+    image: str = "python:3.11"
+    memory: str = "8g"
+    cpus: float = 2.0
+    cluster: str = "default"
+    startup_timeout_s: float = 300.0
+    poll_interval_s: float = 1.0
+    auto_clear_minutes: int = 360
+    workdir: str = "/workspace"
+    scratch: str = "/rlgw"
+    extra_headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> RockConfig:
+        """Build from `ROCK_BASE_URL` (required), `ROCK_API_KEY`, `ROCK_IMAGE`, then `overrides`."""
+        base = os.environ.get("ROCK_BASE_URL")
+        if not base and "base_url" not in overrides:
+            raise SandboxError("ROCK_BASE_URL is not set (the ROCK admin server, e.g. http://rock-admin:8080)")
+        values: dict[str, Any] = {"base_url": base, "api_key": os.environ.get("ROCK_API_KEY")}
+        if os.environ.get("ROCK_IMAGE"):
+            values["image"] = os.environ["ROCK_IMAGE"]
+        values.update(overrides)
+        return cls(**values)
+
+
+class RockSandbox:
+    """One ROCK sandbox driven over HTTP.
+
+    Features: async start with status polling that fails fast on a failed phase, command
+    limits enforced by ROCK (`timeout` on `execute`; a ROCK timeout becomes
+    `ExecResult(timed_out=True)`), byte-exact file transfer for directories via tar.
+    Trade-offs: ROCK drops a timed-out command's output, and `read_file` goes through ROCK's
+    text API (use `download` for binary files).
+    """
+
+    def __init__(self, config: RockConfig, *, client: httpx.AsyncClient | None = None):
+        self.config = config
+        self._client = client
+        self._own_client = client is None
+        self._sandbox_id: str | None = None
+        self._workdir: str | None = None
+        self._scratch: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self._sandbox_id or "rock-unstarted"
+
+    @property
+    def workdir(self) -> str:
+        if self._workdir is None:
+            raise SandboxError("sandbox not started")
+        return self._workdir
+
+    @property
+    def scratch(self) -> str:
+        if self._scratch is None:
+            raise SandboxError("sandbox not started")
+        return self._scratch
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"X-Cluster": self.config.cluster, **self.config.extra_headers}
+        if self.config.api_key:
+            headers["XRL-Authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0))
+        return self._client
+
+    async def _call(
+        self,
+        method: str,
+        route: str,
+        *,
+        json: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        data: dict[str, str] | None = None,
+        files: dict[str, Any] | None = None,
+        read_timeout: float | None = None,
+    ) -> tuple[bool, Any, str]:
+        """One API call: returns (succeeded, result, error text) from ROCK's envelope."""
+        url = f"{self.config.base_url.rstrip('/')}{API_PREFIX}/{route}"
+        timeout = httpx.Timeout(60.0, connect=10.0, read=read_timeout) if read_timeout else None
+        try:
+            resp = await self._http().request(
+                method,
+                url,
+                json=json,
+                params=params,
+                data=data,
+                files=files,
+                headers=self._headers(),
+                **({"timeout": timeout} if timeout else {}),
+            )
+        except httpx.HTTPError as e:
+            raise SandboxCommandError(f"ROCK {route} failed ({type(e).__name__}: {e}) at {url}") from e
+        if resp.status_code in (401, 403):
+            raise SandboxCommandError(f"ROCK refused the key ({resp.status_code}) at {url}: check ROCK_API_KEY")
+        if resp.status_code != 200:
+            raise SandboxCommandError(f"ROCK {route} answered HTTP {resp.status_code} at {url}: {resp.text[:500]}")
+        try:
+            body = resp.json()
+        except ValueError as e:
+            raise SandboxCommandError(f"ROCK {route} answered non-JSON at {url}: {resp.text[:200]!r}") from e
+        ok = body.get("status") == "Success"
+        error = " ".join(str(x) for x in (body.get("message"), body.get("error")) if x)
+        return ok, body.get("result"), error
+
+    async def start(self) -> None:
+        """`start_async`, then poll `get_status` until alive; create workdir and scratch."""
+        ok, result, error = await self._call(
+            "POST",
+            "start_async",
+            json={
+                "image": self.config.image,
+                "memory": self.config.memory,
+                "cpus": self.config.cpus,
+                "auto_clear_time_minutes": self.config.auto_clear_minutes,
+                "startup_timeout": self.config.startup_timeout_s,
+            },
+        )
+        if not ok or not result or not result.get("sandbox_id"):
+            raise SandboxStartError(f"ROCK could not start a sandbox from {self.config.image!r}: {error}")
+        self._sandbox_id = result["sandbox_id"]
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while True:
+            ok, status, error = await self._call(
+                "GET", "get_status", params={"sandbox_id": self._sandbox_id}
+            )
+            if not ok:
+                raise SandboxStartError(f"ROCK get_status failed for {self._sandbox_id}: {error}")
+            if status.get("is_alive"):
+                break
+            for phase, detail in (status.get("status") or {}).items():
+                if isinstance(detail, dict) and detail.get("status") in ("failed", "timeout"):
+                    raise SandboxStartError(
+                        f"ROCK sandbox {self._sandbox_id} failed in phase {phase!r}: {detail.get('message')}"
+                    )
+            if time.monotonic() > deadline:
+                raise SandboxStartError(
+                    f"ROCK sandbox {self._sandbox_id} not alive after {self.config.startup_timeout_s:.0f}s"
+                )
+            await asyncio.sleep(self.config.poll_interval_s)
+        probe = await self._execute(
+            f"mkdir -p {self.config.workdir} {self.config.scratch} && "
+            f"cd {self.config.workdir} && pwd && cd {self.config.scratch} && pwd",
+            timeout=60,
+            cwd=None,
+        )
+        lines = probe.output.split()
+        if not probe.ok or len(lines) < 2:
+            raise SandboxStartError(f"cannot prepare workdir in ROCK sandbox {self._sandbox_id}: {probe.output}")
+        self._workdir, self._scratch = lines[0], lines[1]
+        log.info("rock sandbox started", extra={"fields": {"sandbox": self._sandbox_id, "image": self.config.image}})
+
+    async def _execute(
+        self, command: str, *, timeout: float | None, cwd: str | None, env: Mapping[str, str] | None = None
+    ) -> ExecResult:
+        # ROCK runs `command` with subprocess (shell=False) and *replaces* the environment when
+        # `env` is given; so the command is a bash argv and extra variables are exported in it.
+        script = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items()) + command
+        started = time.monotonic()
+        ok, result, error = await self._call(
+            "POST",
+            "execute",
+            json={
+                "sandbox_id": self._sandbox_id,
+                "command": ["bash", "-c", script],
+                "timeout": timeout,
+                "cwd": cwd,
+            },
+            read_timeout=(timeout or 1200) + HTTP_SLACK_S,
+        )
+        elapsed = time.monotonic() - started
+        if not ok:
+            if "Timeout" in error:
+                return ExecResult(exit_code=None, output="", timed_out=True, duration_s=elapsed)
+            raise SandboxCommandError(f"ROCK execute failed in {self._sandbox_id}: {error}")
+        output = (result.get("stdout") or "") + (result.get("stderr") or "")
+        return ExecResult(exit_code=result.get("exit_code"), output=output, duration_s=elapsed)
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        """Run `command` with bash via ROCK's `execute`; `cwd` defaults to `workdir`."""
+        return await self._execute(
+            command, timeout=timeout, cwd=resolve(self.workdir, cwd) if cwd else self.workdir, env=env
+        )
+
+    async def run_in_session(self, command: str, *, session: str = "default", timeout: float | None = None) -> str:
+        """Run `command` in a persistent bash session (created on first use); returns its output.
+
+        Sessions keep shell state (cwd, exported variables) between calls, as ROCK's
+        `create_session` / `run_in_session` do.
+        """
+        ok, result, error = await self._call(
+            "POST",
+            "run_in_session",
+            json={
+                "sandbox_id": self._sandbox_id,
+                "action_type": "bash",
+                "session": session,
+                "command": command,
+                "timeout": timeout,
+                "check": "silent",
+            },
+            read_timeout=(timeout or 1200) + HTTP_SLACK_S,
+        )
+        if not ok:
+            raise SandboxCommandError(f"ROCK run_in_session failed in {self._sandbox_id}: {error}")
+        return result.get("output", "")
+
+    async def create_session(self, session: str = "default", env: Mapping[str, str] | None = None) -> None:
+        """Open a persistent bash session named `session`."""
+        ok, _, error = await self._call(
+            "POST",
+            "create_session",
+            json={
+                "sandbox_id": self._sandbox_id,
+                "session_type": "bash",
+                "session": session,
+                "env_enable": env is not None,
+                "env": dict(env) if env else None,
+            },
+        )
+        if not ok:
+            raise SandboxCommandError(f"ROCK create_session {session!r} failed in {self._sandbox_id}: {error}")
+
+    async def close_session(self, session: str = "default") -> None:
+        """Close a bash session."""
+        ok, _, error = await self._call(
+            "POST",
+            "close_session",
+            json={"sandbox_id": self._sandbox_id, "session_type": "bash", "session": session},
+        )
+        if not ok:
+            raise SandboxCommandError(f"ROCK close_session {session!r} failed in {self._sandbox_id}: {error}")
+
+    async def write_file(self, path: str, content: str | bytes) -> None:
+        """Text goes through `write_file`; bytes through `upload` (exact)."""
+        target = resolve(self.workdir, path)
+        await self._execute(f"mkdir -p {shlex.quote(os.path.dirname(target))}", timeout=60, cwd=None)
+        if isinstance(content, bytes):
+            await self._upload_bytes(content, target)
+            return
+        ok, result, error = await self._call(
+            "POST", "write_file", json={"sandbox_id": self._sandbox_id, "path": target, "content": content}
+        )
+        if not ok or (isinstance(result, dict) and result.get("success") is False):
+            detail = error or (result or {}).get("message", "")
+            raise SandboxCommandError(f"ROCK write_file {target} failed in {self._sandbox_id}: {detail}")
+
+    async def read_file(self, path: str) -> bytes:
+        """Read a text file through `read_file` (undecodable bytes are replaced)."""
+        target = resolve(self.workdir, path)
+        ok, result, error = await self._call(
+            "POST",
+            "read_file",
+            json={"sandbox_id": self._sandbox_id, "path": target, "encoding": "utf-8", "errors": "replace"},
+        )
+        if not ok:
+            if "No such file" in error or "not found" in error.lower():
+                raise SandboxFileNotFound(f"{target!r} does not exist in {self._sandbox_id}")
+            raise SandboxCommandError(f"ROCK read_file {target} failed in {self._sandbox_id}: {error}")
+        return (result.get("content") or "").encode()
+
+    async def _upload_bytes(self, data: bytes, target: str) -> None:
+        ok, result, error = await self._call(
+            "POST",
+            "upload",
+            data={"sandbox_id": self._sandbox_id, "target_path": target},
+            files={"file": (os.path.basename(target) or "file", data, "application/octet-stream")},
+        )
+        if not ok or (isinstance(result, dict) and result.get("success") is False):
+            raise SandboxCommandError(f"ROCK upload to {target} failed in {self._sandbox_id}: {error or result}")
+
+    async def upload(self, local: Path, remote: str) -> None:
+        """A file goes up as is; a directory as a tar.gz unpacked in place."""
+        target = resolve(self.workdir, remote)
+        if not local.exists():
+            raise SandboxFileNotFound(f"local path {local} does not exist")
+        if local.is_file():
+            await self.write_file(target, local.read_bytes())
+            return
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            tar.add(local, arcname=".")
+        tmp = f"{self.scratch}/upload-{uuid.uuid4().hex}.tar.gz"
+        await self._upload_bytes(buf.getvalue(), tmp)
+        res = await self._execute(
+            f"mkdir -p {shlex.quote(target)} && tar xzf {tmp} -C {shlex.quote(target)} && rm -f {tmp}",
+            timeout=600,
+            cwd=None,
+        )
+        if not res.ok:
+            raise SandboxCommandError(f"unpacking upload into {target} failed in {self._sandbox_id}: {res.output}")
+
+    async def download(self, remote: str, local: Path) -> None:
+        """Pack `remote` with tar, move it base64-encoded through `execute`, unpack locally."""
+        target = resolve(self.workdir, remote)
+        parent, name = os.path.dirname(target) or "/", os.path.basename(target)
+        res = await self._execute(
+            f"test -e {shlex.quote(target)} || exit 44; "
+            f"tar czf - -C {shlex.quote(parent)} {shlex.quote(name)} | base64 | tr -d '\\n'",
+            timeout=600,
+            cwd=None,
+        )
+        if res.exit_code == 44:
+            raise SandboxFileNotFound(f"{target!r} does not exist in {self._sandbox_id}")
+        if not res.ok:
+            raise SandboxCommandError(f"packing {target} failed in {self._sandbox_id}: {res.output[-500:]}")
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(res.output)), mode="r:gz") as tar:
+            members = tar.getmembers()
+            is_dir = any(m.name == name and m.isdir() for m in members)
+            if is_dir:
+                local.mkdir(parents=True, exist_ok=True)
+                for m in members:
+                    m.name = os.path.relpath(m.name, name)
+                tar.extractall(local, members=members, filter="data")
+            else:
+                local.parent.mkdir(parents=True, exist_ok=True)
+                src = tar.extractfile(members[0])
+                if src is None:
+                    raise SandboxCommandError(f"{target!r} in {self._sandbox_id} is not a regular file")
+                local.write_bytes(src.read())
+
+    async def stop(self) -> None:
+        """`stop` the sandbox (best effort: a failure is logged, never raised) and close the client."""
+        try:
+            if self._sandbox_id is not None:
+                ok, _, error = await self._call("POST", "stop", json={"sandbox_id": self._sandbox_id})
+                if not ok:
+                    log.warning("rock stop failed", extra={"fields": {"sandbox": self._sandbox_id, "error": error}})
+        except SandboxError as e:
+            log.warning("rock stop failed", extra={"fields": {"sandbox": self._sandbox_id, "error": str(e)}})
+        finally:
+            self._sandbox_id = None
+            if self._own_client and self._client is not None:
+                await self._client.aclose()
+                self._client = None

@@ -1,0 +1,25 @@
+"""Scaffolds by name: `build_scaffold("rlgw-mini", {...})` and the list the CLI offers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlgw.scaffolds.mini import MiniScaffold
+from rlgw.scaffolds.openhands import OpenHandsScaffold
+from rlgw.scaffolds.scaffold import InstalledScaffold
+from rlgw.scaffolds.terminus import Terminus2Scaffold
+
+SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
+    MiniScaffold.name: MiniScaffold,
+    OpenHandsScaffold.name: OpenHandsScaffold,
+    Terminus2Scaffold.name: Terminus2Scaffold,
+}
+
+
+def build_scaffold(name: str, options: dict[str, Any] | None = None) -> InstalledScaffold:
+    """The scaffold called `name`, built with keyword `options`."""
+    try:
+        cls = SCAFFOLDS[name]
+    except KeyError:
+        raise ValueError(f"unknown scaffold {name!r}; known: {', '.join(sorted(SCAFFOLDS))}") from None
+    return cls(**(options or {}))

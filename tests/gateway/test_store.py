@@ -1,0 +1,178 @@
+"""The trajectory store on a real SQLite file: round trips, atomic finishes, tenants, long-poll wakeups."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlgw.gateway.sample import SampleStatus
+from rlgw.gateway.store import (
+    DB_NAME,
+    StoreError,
+    TrajectoryStore,
+    decode_arrays,
+    default_data_dir,
+    encode_arrays,
+)
+from tests.gateway.sample_factory import assert_same_sample, make_sample
+
+
+@pytest.fixture
+async def store(tmp_path: Path):
+    s = TrajectoryStore.open(tmp_path / "data")
+    yield s
+    await s.close()
+
+
+async def test_round_trip_is_token_exact_with_teacher_fields(store: TrajectoryStore) -> None:
+    rng = np.random.default_rng(0)
+    plain = make_sample(rng, prompt=30, response=200)
+    teacher = make_sample(
+        rng, prompt=10, response=50, teacher_k=4, reward=None, metadata={"a": {"b": [1, 2]}}
+    )
+    teacher.status = SampleStatus.TRUNCATED
+    cursors = await store.add_samples("t1", "sess-1", "task-9", [plain, teacher])
+    assert cursors[1] == cursors[0] + 1
+
+    got = await store.list("t1")
+    assert [g.cursor for g in got] == cursors
+    assert [(g.session_id, g.task_id, g.segment, g.tenant) for g in got] == [
+        ("sess-1", "task-9", 0, "t1"),
+        ("sess-1", "task-9", 1, "t1"),
+    ]
+    assert_same_sample(got[0].sample, plain)
+    assert_same_sample(got[1].sample, teacher)
+    assert got[1].sample.teacher_topk_indices.shape == (50, 4)
+    # Trainers may normalise in place: decoded arrays must be writable.
+    got[0].sample.rollout_log_probs *= 2
+
+    one = await store.get("t1", cursors[1])
+    assert one is not None
+    assert_same_sample(one.sample, teacher)
+    wire = one.to_dict()
+    assert wire["cursor"] == cursors[1] and "tenant" not in wire
+    assert wire["status"] == "truncated" and wire["reward"] is None
+    assert wire["teacher_topk_indices"][0] == teacher.teacher_topk_indices[0].tolist()
+
+
+async def test_list_pages_by_cursor_and_tenants_are_isolated(store: TrajectoryStore) -> None:
+    rng = np.random.default_rng(1)
+    a = [make_sample(rng) for _ in range(5)]
+    b = [make_sample(rng) for _ in range(2)]
+    ca = await store.add_samples("alice", "s-a", "task", a[:3])
+    cb = await store.add_samples("bob", "s-b", "task", b)
+    ca += await store.add_samples("alice", "s-a2", "task", a[3:])
+
+    first = await store.list("alice", limit=2)
+    rest = await store.list("alice", after=first[-1].cursor, limit=100)
+    assert [s.cursor for s in first + rest] == ca
+    assert [s.cursor for s in await store.list("bob")] == cb
+    assert await store.list("carol") == []
+    # Another tenant's cursor looks exactly like a missing one.
+    assert await store.get("alice", cb[0]) is None
+    assert await store.get("bob", cb[0]) is not None
+    assert await store.get("bob", 10_000) is None
+
+
+async def test_finish_is_all_or_nothing(store: TrajectoryStore) -> None:
+    rng = np.random.default_rng(2)
+    good = make_sample(rng)
+    broken = make_sample(rng)
+    broken.rollout_id = None  # violates NOT NULL on the second INSERT, after the first succeeded
+    with pytest.raises(sqlite3.IntegrityError):
+        await store.add_samples("t", "s", "task", [good, broken])
+    assert await store.list("t") == []
+    # The writer connection is left usable (no transaction stuck open).
+    cursors = await store.add_samples("t", "s", "task", [good])
+    assert [s.cursor for s in await store.list("t")] == cursors
+
+
+async def test_reopen_keeps_samples_and_cursors_keep_growing(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    sample = make_sample(rng)
+    s1 = TrajectoryStore.open(tmp_path)
+    first = await s1.add_samples("t", "s", "task", [sample, sample])
+    await s1.close()
+
+    ro = TrajectoryStore.open_readonly(tmp_path)  # after a clean close: no -wal/-shm left
+    assert [s.cursor for s in ro.list_sync(None)] == first
+    ro.close_sync()
+
+    s2 = TrajectoryStore.open(tmp_path)
+    second = await s2.add_samples("t", "s2", "task", [sample])
+    assert second[0] > first[-1]
+    # A read-only reader sees a live writer's committed rows (WAL).
+    ro = TrajectoryStore.open_readonly(tmp_path)
+    assert ro.count_sync("t") == 3
+    assert [s.cursor for s in ro.iter_sync("t", after=first[0], batch=1)] == [first[1], second[0]]
+    with pytest.raises(StoreError):
+        await ro.add_samples("t", "s", "task", [sample])
+    ro.close_sync()
+    await s2.close()
+    assert sqlite3.connect(tmp_path / DB_NAME).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_wait_wakes_on_commit_for_that_tenant_only(store: TrajectoryStore) -> None:
+    rng = np.random.default_rng(4)
+    waiter = asyncio.create_task(store.wait("t1", after=0, timeout=30))
+    other = asyncio.create_task(store.wait("t2", after=0, timeout=0.5))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await store.add_samples("t1", "s", "task", [make_sample(rng)])
+    await asyncio.wait_for(waiter, 5)  # woken by the commit, long before its 30 s
+    await other
+    assert await store.list("t2") == []
+    # Already satisfied: returns at once.
+    await asyncio.wait_for(store.wait("t1", after=0, timeout=30), 5)
+
+
+async def test_wait_sees_another_processes_commit(tmp_path: Path) -> None:
+    reader = TrajectoryStore.open(tmp_path)
+    writer = TrajectoryStore.open(tmp_path)  # separate connections and events: like another process
+    try:
+        waiter = asyncio.create_task(reader.wait("t", after=0, timeout=30))
+        await asyncio.sleep(0.05)
+        await writer.add_samples("t", "s", "task", [make_sample(np.random.default_rng(5))])
+        await asyncio.wait_for(waiter, 5)
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+def test_refuses_foreign_or_future_files(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no trajectory store"):
+        TrajectoryStore.open_readonly(tmp_path)
+    (tmp_path / DB_NAME).write_bytes(b"not a database at all" * 100)
+    with pytest.raises(StoreError, match="not a trajectory store"):
+        TrajectoryStore.open_readonly(tmp_path)
+
+    other = tmp_path / "future"
+    TrajectoryStore.open(other).close_sync()
+    with sqlite3.connect(other / DB_NAME) as conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError, match="schema version 99"):
+        TrajectoryStore.open(other)
+
+
+def test_array_blob_is_compact_and_exact() -> None:
+    sample = make_sample(np.random.default_rng(6), prompt=2000, response=6000)
+    blob = encode_arrays(sample)
+    raw = sample.tokens.nbytes + sample.loss_mask.nbytes + sample.rollout_log_probs.nbytes
+    assert len(blob) < raw
+    arrays = decode_arrays(blob)
+    assert set(arrays) == {"tokens", "loss_mask", "rollout_log_probs"}
+    assert arrays["tokens"].dtype == np.dtype("<i4")
+    np.testing.assert_array_equal(arrays["tokens"], sample.tokens)
+
+
+def test_default_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setenv("RLGW_DATA_DIR", str(tmp_path / "x"))
+    assert default_data_dir() == tmp_path / "x"
+    monkeypatch.delenv("RLGW_DATA_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_data_dir() == tmp_path / ".local" / "share" / "rlgw"

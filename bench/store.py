@@ -124,8 +124,9 @@ async def run(samples: list[Sample], data_dir: Path, concurrency: int) -> None:
     print(
         f"NDJSON line (numpy -> orjson)    {rate(ndjson)}, {line_bytes / len(stored) / per:.1f} bytes/token"
     )
+    list_per_tok = list_bytes / len(stored) / per
     print(
-        f"  vs via Python lists            {rate(ndjson_lists)}, {list_bytes / len(stored) / per:.1f} bytes/token"
+        f"  vs via Python lists            {rate(ndjson_lists)}, {list_per_tok:.1f} bytes/token"
         f" (x{ndjson / ndjson_lists:.1f} slower)"
     )
     print(f"encode_arrays (zstd level 3)     {encode_ms:8.2f} ms/sample, {blob_bytes / per:.2f} bytes/token")

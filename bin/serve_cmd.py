@@ -45,10 +45,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--tokenizer", help="tokenizer dir (default: the engine's tokenizer_path)")
     p.add_argument("--chat-template", type=Path, help="a Jinja chat template file overriding the tokenizer's")
-    p.add_argument("--tool-parser", default="auto", help="auto, none, hermes, qwen25 or qwen3_coder")
-    p.add_argument("--reasoning-parser", default="auto", help="auto, none or qwen3")
+    p.add_argument(
+        "--tool-parser", default="auto", choices=["auto", "none", "hermes", "qwen25", "qwen", "qwen3_coder"]
+    )
+    p.add_argument("--reasoning-parser", default="auto", choices=["auto", "none", "qwen3"])
     p.add_argument("--context-length", type=int, default=None)
-    p.add_argument("--policy", default="segment", help="on rewritten history: segment, passthrough or refuse")
+    p.add_argument(
+        "--policy",
+        default="segment",
+        choices=["segment", "passthrough", "refuse"],
+        help="when an agent rewrites history: open a new segment, stop capturing, or answer 409",
+    )
     p.add_argument("--public-url", help="base URL agents reach this gateway at (for session base_url)")
     p.add_argument("--served-model-name", help="model name reported to agents")
     p.add_argument(

@@ -192,27 +192,34 @@ def _parquet_schema() -> pa.Schema:
     )
 
 
-def _list_column(values: list[np.ndarray | None], field_type: pa.DataType) -> pa.Array:
-    """A list (or list-of-list, for [n, k] arrays) column from numpy arrays, built without Python loops
-    over elements; `None` entries become nulls."""
+def _offsets(lengths: list[int] | np.ndarray) -> pa.Array:
     import numpy as np
     import pyarrow as pa
 
-    inner_type = field_type.value_type
+    return pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]), pa.int32())
+
+
+def _list_column(values: list[np.ndarray | None], field_type: pa.DataType) -> pa.Array:
+    """A list column from 1-D arrays, or a list-of-lists column from [n, k] arrays (rows become
+    inner lists); built from offsets and one flat buffer, never element by element. `None`s
+    become nulls."""
+    import numpy as np
+    import pyarrow as pa
+
     present = [v for v in values if v is not None]
     mask = pa.array([v is None for v in values]) if len(present) < len(values) else None
-    offsets = pa.array(
-        np.cumsum([0] + [0 if v is None else len(v) for v in values], dtype=np.int64), pa.int32()
+    outer = _offsets([0 if v is None else len(v) for v in values])
+    inner_type = field_type.value_type
+    leaf_type = inner_type.value_type if pa.types.is_list(inner_type) else inner_type
+    dtype = leaf_type.to_pandas_dtype()
+    leaves = pa.array(
+        np.concatenate([np.asarray(v, dtype).ravel() for v in present]) if present else np.empty(0, dtype),
+        leaf_type,
     )
     if pa.types.is_list(inner_type):
-        rows = [v.reshape(len(v), -1) for v in present]
-        flat_rows: list[np.ndarray | None] = [r for v in rows for r in v] if rows else []
-        child = _list_column(flat_rows, inner_type) if flat_rows else pa.array([], inner_type)
-    else:
-        dtype = inner_type.to_pandas_dtype()
-        flat = np.concatenate([np.asarray(v, dtype).ravel() for v in present]) if present else []
-        child = pa.array(flat, inner_type)
-    return pa.ListArray.from_arrays(offsets, child, mask=mask)
+        rows = np.concatenate([np.full(len(v), v.shape[1]) for v in present]) if present else []
+        leaves = pa.ListArray.from_arrays(_offsets(rows), leaves)
+    return pa.ListArray.from_arrays(outer, leaves, mask=mask)
 
 
 def _record_batch(batch: list[StoredSample]) -> pa.RecordBatch:

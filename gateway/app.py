@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from rlgw.gateway import openai_api, sessions_api, trajectories_api
+from rlgw.gateway import completions, openai_api, sessions_api, trajectories_api
 from rlgw.gateway.backend import SGLangBackend
 from rlgw.gateway.chat import ModelProfile
 from rlgw.gateway.errors import UpstreamError, install_error_handlers, json_response
@@ -31,12 +31,9 @@ from rlgw.gateway.sessions import SessionTable
 from rlgw.gateway.store import TrajectoryStore
 from rlgw.gateway.template_probe import probe_template
 from rlgw.gateway.tenants import KeyTable
-from rlgw.gateway.tool_calls import detect_tool_format
+from rlgw.gateway.tool_calls import detect_tool_format, normalize_tool_format
 
 log = logging.getLogger(__name__)
-
-TOOL_FORMATS = ("auto", "none", "hermes", "qwen25", "qwen3_coder")
-REASONING_PARSERS = ("auto", "none", "qwen3")
 
 
 @dataclass
@@ -96,7 +93,7 @@ def build_profile(config: GatewayConfig, info: dict[str, Any]) -> ModelProfile:
     if config.tool_parser == "auto":
         tool_format = detect_tool_format(template_text)
     else:
-        tool_format = None if config.tool_parser == "none" else config.tool_parser
+        tool_format = None if config.tool_parser == "none" else normalize_tool_format(config.tool_parser)
     if config.reasoning_parser == "auto":
         reasoning = detect_reasoning(template_text)
     else:
@@ -158,6 +155,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.state.default_policy = config.default_policy
     install_error_handlers(app)
     app.include_router(openai_api.router)
+    app.include_router(completions.router)
     app.include_router(sessions_api.router)
     app.include_router(trajectories_api.router)
 

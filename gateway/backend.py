@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import aiohttp
 import numpy as np
 import orjson
+
 from rlgw.gateway.errors import InvalidRequest, UpstreamAborted, UpstreamError
 
 log = logging.getLogger(__name__)

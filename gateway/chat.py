@@ -126,7 +126,14 @@ def _forced(profile: ModelProfile, ids: list[int]) -> bool:
     return k > 0 and tuple(ids[-k:]) == profile.think_start_ids
 
 
-def engine_sampling(profile: ModelProfile, session: Session, params: ChatParams, prompt_len: int) -> dict:
+def engine_sampling(
+    profile: ModelProfile,
+    session: Session,
+    sampling: dict[str, Any],
+    max_tokens: int | None,
+    top_logprobs: int,
+    prompt_len: int,
+) -> dict[str, Any]:
     """SGLang sampling params for the turn, with `max_new_tokens` checked against the context."""
     room = profile.context_length - prompt_len
     if room <= 0:
@@ -136,7 +143,7 @@ def engine_sampling(profile: ModelProfile, session: Session, params: ChatParams,
             f"messages resulted in {prompt_len} tokens.",
             param="messages",
         )
-    max_new = params.max_tokens if params.max_tokens is not None else session.sampling.get("max_tokens")
+    max_new = max_tokens if max_tokens is not None else session.sampling.get("max_tokens")
     if max_new is not None and max_new > room:
         session.termination_reason = "context_length_exceeded"
         raise ContextLengthExceeded(
@@ -146,10 +153,10 @@ def engine_sampling(profile: ModelProfile, session: Session, params: ChatParams,
             param="max_tokens",
         )
     sp = {k: v for k, v in session.sampling.items() if k != "max_tokens"}
-    sp.update(params.sampling)
+    sp.update(sampling)
     sp["max_new_tokens"] = int(max_new if max_new is not None else room)
-    if params.top_logprobs:
-        sp["top_logprobs_num"] = params.top_logprobs
+    if top_logprobs:
+        sp["top_logprobs_num"] = top_logprobs
     return sp
 
 
@@ -231,12 +238,20 @@ class TurnDecoder:
         return self.parser.feed(tail) + self.parser.close()
 
 
-def record_turn(session: Session, prepared: Prepared, out: TurnOutput, response_id: str) -> None:
-    """Commit a finished turn to the session's ledger (when this turn is recorded)."""
-    session.turns += 1
-    if prepared.new_messages is None or session.ledger is None or not session.ledger.capturing:
-        return
-    result = out.result
+def commit_generation(
+    session: Session,
+    *,
+    new_messages: list[dict[str, Any]] | None,
+    increment: list[int],
+    result: GenerationResult,
+    response_id: str,
+    call_ids: list[str],
+    content: str,
+    parse_errors: list[ParseError],
+    agent_text: str = "",
+) -> None:
+    """Commit a finished generation and its prompt increment to the session's ledger."""
+    assert session.ledger is not None
     matched = result.finish_reason.get("matched")
     ended = (
         result.finish_type == "stop"
@@ -244,23 +259,40 @@ def record_turn(session: Session, prepared: Prepared, out: TurnOutput, response_
         and bool(result.output_ids)
         and result.output_ids[-1] == matched
     )
-    errors = [{"kind": e.kind, "detail": e.detail, "raw": e.raw} for e in out.parsed.errors]
     session.ledger.commit(
         TurnCommit(
-            new_messages=prepared.new_messages,
-            prompt_ids=prepared.increment,
+            new_messages=new_messages,
+            prompt_ids=increment,
             output_ids=result.output_ids,
             logprobs=result.logprobs,
             version_spans=result.version_spans,
             response_id=response_id,
-            tool_call_ids=tuple(out.call_ids),
-            content=out.parsed.content,
+            tool_call_ids=tuple(call_ids),
+            content=content,
             rid=result.rid,
             finish_type=result.finish_type,
             ended_with_stop_token=ended,
-            parse_errors=errors,
+            parse_errors=[{"kind": e.kind, "detail": e.detail, "raw": e.raw} for e in parse_errors],
+            agent_text=agent_text,
         ),
         result.weight_version,
+    )
+
+
+def record_turn(session: Session, prepared: Prepared, out: TurnOutput, response_id: str) -> None:
+    """Commit a finished chat turn to the session's ledger (when this turn is recorded)."""
+    session.turns += 1
+    if prepared.new_messages is None or session.ledger is None or not session.ledger.capturing:
+        return
+    commit_generation(
+        session,
+        new_messages=prepared.new_messages,
+        increment=prepared.increment,
+        result=out.result,
+        response_id=response_id,
+        call_ids=out.call_ids,
+        content=out.parsed.content,
+        parse_errors=out.parsed.errors,
     )
 
 
@@ -329,7 +361,9 @@ async def run_turn(
     """A non-streamed chat turn: returns the ChatCompletion object."""
     async with session.lock:
         prepared = prepare_turn(profile, session, params)
-        sampling = engine_sampling(profile, session, params, len(prepared.input_ids))
+        sampling = engine_sampling(
+            profile, session, params.sampling, params.max_tokens, params.top_logprobs, len(prepared.input_ids)
+        )
         rid = new_rid()
         session.active_rids.add(rid)
         try:
@@ -408,7 +442,9 @@ async def stream_turn(
     await session.lock.acquire()
     try:
         prepared = prepare_turn(profile, session, params)
-        sampling = engine_sampling(profile, session, params, len(prepared.input_ids))
+        sampling = engine_sampling(
+            profile, session, params.sampling, params.max_tokens, params.top_logprobs, len(prepared.input_ids)
+        )
     except BaseException:
         session.lock.release()
         raise

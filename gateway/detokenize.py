@@ -45,16 +45,11 @@ class IncrementalDetokenizer:
         self._read_offset = 0  # first id whose text is not yet emitted
         self._prefix_text = ""  # decode(ids[prefix_offset:read_offset])
 
-    @property
-    def ids(self) -> list[int]:
-        """All ids fed so far (do not modify)."""
-        return self._ids
-
     def feed(self, ids: Sequence[int]) -> str:
         """Append `ids`; return the text they complete (may be empty while a character is partial)."""
-        if not ids:
+        if len(ids) == 0:  # not `not ids`: a numpy array has no truth value
             return ""
-        self._ids.extend(ids)
+        self._ids.extend(int(i) for i in ids)
         text = self._decode(self._ids[self._prefix_offset :])
         if len(text) <= len(self._prefix_text) or text.endswith(_REPLACEMENT):
             return ""

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import orjson
 import xxhash
+
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
 
 
@@ -126,6 +127,8 @@ class Segment:
     versions: list[list[Any]] = field(default_factory=list)
     turns: list[GeneratedTurn] = field(default_factory=list)
     records: list[_Record] = field(default_factory=list)
+    # /v1/completions only: the text the agent has seen (its prompts and our completions).
+    text: str = ""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -148,7 +151,7 @@ class Segment:
 class TurnCommit:
     """Everything one successful turn appends."""
 
-    new_messages: list[dict[str, Any]]
+    new_messages: list[dict[str, Any]] | None  # None: a /v1/completions turn (no messages)
     prompt_ids: list[int]  # the rendered increment (mask 0)
     output_ids: list[int]
     logprobs: list[float]
@@ -160,6 +163,7 @@ class TurnCommit:
     finish_type: str
     ended_with_stop_token: bool
     parse_errors: list[dict[str, Any]]
+    agent_text: str = ""  # completions: the prompt increment and completion text the agent saw
 
 
 class Ledger:
@@ -198,6 +202,20 @@ class Ledger:
             if not ok:
                 return Violation("rewritten", i, f"history rewritten at message {i} (role {m.get('role')!r})")
         return messages[len(records) :]
+
+    def sync_prompt(self, prompt: str | list[int]) -> str | list[int] | Violation:
+        """For /v1/completions: the part of `prompt` (text or ids) beyond what the ledger holds."""
+        seg = self.current
+        if seg.records:
+            return Violation("rewritten", 0, "a chat session cannot continue with a completions prompt")
+        if isinstance(prompt, str):
+            if not seg.turns or prompt.startswith(seg.text):
+                return prompt[len(seg.text) :]
+            return Violation("rewritten", 0, "the prompt does not extend the text of the previous turns")
+        n = len(seg.ids)
+        if len(prompt) >= n and np.array_equal(np.asarray(prompt[:n], dtype=np.int32), seg.ids_view()):
+            return prompt[n:]
+        return Violation("rewritten", 0, "the prompt ids do not extend the ids of the previous turns")
 
     def is_retry(self, messages: list[dict[str, Any]]) -> bool:
         """Whether `messages` resend exactly the request of the last turn (a client retry).
@@ -259,8 +277,9 @@ class Ledger:
                 seg.versions[-1][2] = start + e
             else:
                 seg.versions.append([version, start + s, start + e])
-        for m in turn.new_messages:
+        for m in turn.new_messages or ():
             seg.records.append(_Record(m.get("role", ""), message_digest(m), -1))
+        seg.text += turn.agent_text
         gen = GeneratedTurn(
             prompt_start=prompt_start,
             records_before=records_before,
@@ -276,7 +295,8 @@ class Ledger:
             parse_errors=turn.parse_errors,
         )
         seg.turns.append(gen)
-        seg.records.append(_Record("assistant", 0, len(seg.turns) - 1))
+        if turn.new_messages is not None:
+            seg.records.append(_Record("assistant", 0, len(seg.turns) - 1))
         return gen
 
     def build_samples(

@@ -162,21 +162,23 @@ def session_for_key(request: Request) -> Session:
     return request.app.state.sessions.get_open(session.id)
 
 
-async def _parse(request: Request) -> ChatCompletionRequest:
+async def parse_body(request: Request) -> dict[str, Any]:
+    """The JSON object body of a request (400 if it is not one)."""
     try:
         doc = orjson.loads(await request.body())
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise InvalidRequest("the body must be a JSON object")
-    return ChatCompletionRequest.model_validate(doc)
+    return doc
 
 
 def _sse(doc: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(doc) + b"\n\n"
 
 
-async def _sse_stream(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def sse_stream(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """SSE events for `first` and the rest; an error after the first byte travels in-stream."""
     yield _sse(first)
     try:
         async for chunk in rest:
@@ -190,7 +192,7 @@ async def _sse_stream(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]
 async def chat_completions(request: Request, session: Session) -> Response:
     """Serve one chat turn for `session` (streamed or not)."""
     state = request.app.state
-    params = chat_params(await _parse(request))
+    params = chat_params(ChatCompletionRequest.model_validate(await parse_body(request)))
     if not params.stream:
         doc = await run_turn(state.backend, state.profile, session, params)
         return json_response(200, doc)
@@ -198,7 +200,7 @@ async def chat_completions(request: Request, session: Session) -> Response:
     # Enter the generator now: from here on it owns the session lock and releases it in any case.
     first = await chunks.__anext__()
     return StreamingResponse(
-        _sse_stream(first, chunks),
+        sse_stream(first, chunks),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

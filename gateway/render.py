@@ -168,7 +168,7 @@ class ChatRenderer:
         """
         if not new_messages:
             raise ValueError("render_continuation needs at least one new message")
-        text = self._render([{'role':'tool','content':'q'}, *_ANCHOR, *self.normalize(new_messages)], tools, True, kwargs)
+        text = self._render([*_ANCHOR, *self.normalize(new_messages)], tools, True, kwargs)
         at = text.find(SENTINEL)
         if at < 0:
             raise TemplateIncompatible("the chat template dropped the anchor assistant's content")

@@ -36,8 +36,9 @@ from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
 
 SCHEMA_VERSION = 1
 DB_NAME = "trajectories.sqlite3"
-# zstd level 3: on 32k-token samples it is within 4% of level 6's size at half the time
-# (bench/store.py); byte-shuffling the arrays made them larger, not smaller.
+# zstd level 3, one frame for all arrays: on 32k-token Qwen3 samples (measured when choosing)
+# it was within 4% of level 6's size at under half the time, one frame per array saved
+# nothing, and byte-shuffling the arrays made them 5-10% larger. bench/store.py reports it.
 ZSTD_LEVEL = 3
 # How often `wait` re-reads the database when no in-process commit woke it; this only
 # matters when another process writes the same file.
@@ -79,6 +80,8 @@ _INSERT = (
     "reward, response_length, trainable_tokens, arrays, weight_versions, metadata) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+# One finish waiting for the writer thread: its rows, and where to put its cursors.
+_PendingFinish = tuple[list[tuple[Any, ...]], Future[list[int]]]
 _COLUMNS = (
     "cursor, tenant, session_id, task_id, segment, created_at, rollout_id, group_index, status, reward, \
 response_length, arrays, weight_versions, metadata"
@@ -275,9 +278,7 @@ class TrajectoryStore:
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-store-w")
         self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-store-r")
         self._events: dict[str, asyncio.Event] = {}
-        self._pending: queue.SimpleQueue[tuple[list[tuple[Any, ...]], Future[list[int]]]] = (
-            queue.SimpleQueue()
-        )
+        self._pending: queue.SimpleQueue[_PendingFinish] = queue.SimpleQueue()
 
     @classmethod
     def open(cls, data_dir: Path) -> TrajectoryStore:
@@ -285,17 +286,23 @@ class TrajectoryStore:
         data_dir = Path(data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / DB_NAME
-        conn = _connect(path, readonly=False)
-        with contextlib.closing(conn.cursor()) as cur:
-            cur.execute("BEGIN IMMEDIATE")
+        try:
+            conn = _connect(path, readonly=False)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path} is not a trajectory store: {exc}") from exc
+        try:
+            conn.execute("BEGIN IMMEDIATE")
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
-                    cur.execute(stmt)
-            cur.execute(
+                    conn.execute(stmt)
+            conn.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
-            cur.execute("COMMIT")
-        _check_schema(conn, path)
+            conn.execute("COMMIT")
+            _check_schema(conn, path)
+        except BaseException:
+            conn.close()
+            raise
         return cls(path, conn, _connect(path, readonly=False), readonly=False)
 
     @classmethod
@@ -314,15 +321,15 @@ class TrajectoryStore:
         Each finish sits in its own SAVEPOINT, so one failing finish is rolled back alone
         while the others commit; all share one fsync, which is what bounds the write rate.
         """
-        batch: list[tuple[list[tuple[Any, ...]], Future[list[int]]]] = []
+        batch: list[_PendingFinish] = []
         while not self._pending.empty():
             batch.append(self._pending.get_nowait())
         if not batch:
             return  # an earlier call already committed this finish along with its own
         conn = self._writer
         outcomes: list[list[int] | BaseException] = []
-        conn.execute("BEGIN IMMEDIATE")
         try:
+            conn.execute("BEGIN IMMEDIATE")
             for rows, _ in batch:
                 conn.execute("SAVEPOINT finish")
                 try:

@@ -40,7 +40,11 @@ _REASONING = ("probe-reasoning-one", "probe-reasoning-two", "probe-reasoning-thr
 
 
 def _call(call_id: str, key: str) -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": "probe_lookup", "arguments": f'{{"key": "{key}"}}'}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "probe_lookup", "arguments": f'{{"key": "{key}"}}'},
+    }
 
 
 # Assistant contents are unique markers: the probe finds each turn's end in a full render by them.
@@ -165,7 +169,9 @@ def _simulate_ledger(renderer: ChatRenderer, conv: list[dict[str, Any]], notes: 
             end = full.find(eot, full.rfind(marker))
             tail = full[end + len(eot) :] if end >= 0 and marker in full else None
             if tail is None or encode(tail) != increment:
-                notes.append(f"turn {turn}: the increment differs from the full render after the previous turn")
+                notes.append(
+                    f"turn {turn}: the increment differs from the full render after the previous turn"
+                )
                 ok = False
             if full.startswith(ledger_text) and encode(full) != ids + increment:
                 notes.append(f"turn {turn}: ledger ids differ from the tokenized full render")
@@ -180,7 +186,9 @@ def _simulate_ledger(renderer: ChatRenderer, conv: list[dict[str, Any]], notes: 
             ledger_text += tail or ""
         emitted = _emitted_text(renderer, conv, a)
         if emitted is None:
-            notes.append(f"turn {turn}: the template renders a final assistant turn unlike its generation prompt")
+            notes.append(
+                f"turn {turn}: the template renders a final assistant turn unlike its generation prompt"
+            )
             return False
         ids += encode(emitted)
         ledger_text += emitted

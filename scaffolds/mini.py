@@ -43,7 +43,9 @@ class MiniScaffold(InstalledScaffold):
 
     def install_commands(self, ctx: ScaffoldContext) -> list[str]:
         py = shlex.quote(self.python)
-        return [f"{py} -c 'import openai' 2>/dev/null || {py} -m pip install --quiet 'openai>=1.40'"]
+        # find_spec, not import: importing openai costs seconds on a busy machine.
+        probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('openai') is None)"
+        return [f"{py} -c {shlex.quote(probe)} || {py} -m pip install --quiet 'openai>=1.40'"]
 
     def run_command(self, ctx: ScaffoldContext) -> str:
         args = [

@@ -125,6 +125,15 @@ def test_export_parquet_has_slime_columns(filled, tmp_path: Path) -> None:
     assert table.schema.field("tokens").type.value_type == pa.int32()  # ids stay int32, not int64
     assert rows[0]["teacher_topk_indices"] is None
     assert np.asarray(rows[1]["teacher_topk_indices"]).shape == (30, 3)
+    np.testing.assert_array_equal(rows[1]["teacher_topk_logprobs"], samples[1].teacher_topk_logprobs)
+
+    # A batch where no sample has teacher fields still writes (all-null list columns).
+    bob_file = tmp_path / "bob.parquet"
+    out = rlgw("export", "--format", "parquet", "--out", str(bob_file), "--tenant", "bob", data_dir=data)
+    assert out.returncode == 0, out.stderr
+    bob = pq.read_table(bob_file).to_pylist()
+    assert [r["cursor"] for r in bob] == cursors[2:] and bob[0]["teacher_log_probs"] is None
+    assert bob[0]["reward"] == 0.25 and orjson.loads(bob[0]["metadata"]) == samples[2].metadata
 
 
 def test_missing_store_and_help(tmp_path: Path) -> None:

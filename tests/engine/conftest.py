@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,11 +22,13 @@ def qwen3_tokenizer_dir() -> Path:
 def build_tiny_qwen3(path: Path, seed: int, max_positions: int = 512) -> Path:
     """Save a random 2-layer, hidden-64 Qwen3ForCausalLM with the real Qwen3 tokenizer to `path`."""
     import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from tokenizers import Tokenizer
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
+    tok_dir = qwen3_tokenizer_dir()
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     config = Qwen3Config(
-        vocab_size=len(tok),
+        vocab_size=tok.get_vocab_size(with_added_tokens=True),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -34,9 +37,9 @@ def build_tiny_qwen3(path: Path, seed: int, max_positions: int = 512) -> Path:
         head_dim=16,
         max_position_embeddings=max_positions,
         tie_word_embeddings=False,
-        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        eos_token_id=tok.token_to_id("<|im_end|>"),
         bos_token_id=None,
-        pad_token_id=tok.pad_token_id,
+        pad_token_id=tok.token_to_id("<|endoftext|>"),
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
@@ -45,7 +48,9 @@ def build_tiny_qwen3(path: Path, seed: int, max_positions: int = 512) -> Path:
         # 151k tokens), so greedy and seeded sampling are meaningful.
         model.get_output_embeddings().weight.mul_(30.0)
     model.save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
+    for f in tok_dir.iterdir():
+        if f.is_file():
+            shutil.copy(f, path / f.name)
     return path
 
 

@@ -18,7 +18,9 @@ from rlgw.engine.sampling import (
 )
 
 
-def row(raw: dict | None = None, seed: int | None = 0, out: list[int] | None = None, suppress=None) -> SamplerRow:
+def row(
+    raw: dict | None = None, seed: int | None = 0, out: list[int] | None = None, suppress=None
+) -> SamplerRow:
     p = parse_sampling_params(raw)
     return SamplerRow(p, make_generator(seed if seed is not None else p.sampling_seed), out or [], suppress)
 

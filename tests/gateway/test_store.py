@@ -91,6 +91,25 @@ async def test_finish_is_all_or_nothing(store: TrajectoryStore) -> None:
     assert [s.cursor for s in await store.list("t")] == cursors
 
 
+async def test_concurrent_finishes_commit_together_but_fail_alone(store: TrajectoryStore) -> None:
+    rng = np.random.default_rng(7)
+    broken = make_sample(rng)
+    broken.rollout_id = None
+    finishes = [[make_sample(rng), make_sample(rng)] for _ in range(6)]
+    finishes.insert(3, [make_sample(rng), broken])
+    results = await asyncio.gather(
+        *(store.add_samples("t", f"s{i}", "task", f) for i, f in enumerate(finishes)), return_exceptions=True
+    )
+    assert isinstance(results[3], sqlite3.IntegrityError)
+    stored = await store.list("t")
+    assert sorted({s.session_id for s in stored}) == sorted(f"s{i}" for i in range(7) if i != 3)
+    for i, cursors in enumerate(results):
+        if i != 3:
+            got = [s for s in stored if s.session_id == f"s{i}"]
+            assert [s.cursor for s in got] == cursors and [s.segment for s in got] == [0, 1]
+            assert_same_sample(got[1].sample, finishes[i][1])
+
+
 async def test_reopen_keeps_samples_and_cursors_keep_growing(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     sample = make_sample(rng)
@@ -149,6 +168,8 @@ def test_refuses_foreign_or_future_files(tmp_path: Path) -> None:
     (tmp_path / DB_NAME).write_bytes(b"not a database at all" * 100)
     with pytest.raises(StoreError, match="not a trajectory store"):
         TrajectoryStore.open_readonly(tmp_path)
+    with pytest.raises(StoreError, match="not a trajectory store"):
+        TrajectoryStore.open(tmp_path)
 
     other = tmp_path / "future"
     TrajectoryStore.open(other).close_sync()

@@ -1,0 +1,53 @@
+"""The start-up probe on real templates: what it finds, and that it catches templates it cannot follow."""
+
+from __future__ import annotations
+
+from rlgw.gateway.render import ChatRenderer, TemplateConfig
+from rlgw.gateway.template_probe import probe_template
+
+from tests.gateway.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
+
+
+def test_qwen3_findings() -> None:
+    report = probe_template(ChatRenderer(qwen3_tokenizer()))
+    assert not report.append_only
+    assert report.strips_history_reasoning
+    assert report.groups_consecutive_tools
+    assert report.increment_matches_full_render, report.notes
+    assert report.turns == 4
+    summary = report.summary().splitlines()
+    assert "history <think> stripped by the template; the ledger keeps the sampled tokens" in summary
+    assert any(line.startswith("consecutive tool messages grouped") for line in summary)
+    assert "incremental rendering matches the template's full render on all 4 probe turns" in summary
+    assert any("enable_thinking=False" in n and "<think>\\n\\n</think>" in n for n in report.notes)
+
+
+def test_qwen3_with_thinking_off_by_default() -> None:
+    config = TemplateConfig(template_kwargs={"enable_thinking": False})
+    report = probe_template(ChatRenderer(qwen3_tokenizer(), config))
+    assert report.increment_matches_full_render, report.notes
+    assert any("closes the reasoning block" in n for n in report.notes)
+
+
+def test_chatml_findings() -> None:
+    report = probe_template(ChatRenderer(chatml_tokenizer()))
+    assert report.append_only
+    assert not report.strips_history_reasoning
+    assert not report.groups_consecutive_tools
+    assert report.increment_matches_full_render, report.notes
+    assert any("does not render reasoning_content" in n for n in report.notes)
+
+
+def test_template_that_depends_on_history_fails_the_probe() -> None:
+    # Numbering turns makes a message's text depend on the whole history, which the anchor
+    # cannot stand in for: the probe must say increments do not match.
+    numbered = (
+        "{% for m in messages %}<|im_start|>{{ m.role }} #{{ loop.index }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant #{{ messages | length + 1 }}\n{% endif %}"
+    )
+    report = probe_template(ChatRenderer(qwen3_tokenizer(), TemplateConfig(chat_template=numbered)))
+    assert report.append_only
+    assert not report.increment_matches_full_render
+    assert "INCREMENTAL RENDERING DOES NOT MATCH" in report.summary()
+    assert any("differs from the full render" in n for n in report.notes)
+

@@ -1,0 +1,111 @@
+"""A transparent HTTP proxy in front of the engine that remembers every `/generate` reply.
+
+Gateway tests put it between the gateway and the engine (real HTTP on both sides) to check
+the ledger against what the engine actually returned for each request id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from tests.support.procs import free_port
+
+
+@dataclass
+class Exchange:
+    """One `/generate` call: what was sent and what came back."""
+
+    rid: str
+    input_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: dict | None = None
+    stream: bool = False
+
+
+class Recorder:
+    """The proxied exchanges, by rid."""
+
+    def __init__(self) -> None:
+        self.by_rid: dict[str, Exchange] = {}
+
+    def record(self, ex: Exchange, final: dict) -> None:
+        meta = final.get("meta_info") or {}
+        triples = meta.get("output_token_logprobs") or []
+        ex.output_ids = [t[1] for t in triples]
+        ex.logprobs = [t[0] for t in triples]
+        ex.finish_reason = meta.get("finish_reason")
+        self.by_rid[ex.rid] = ex
+
+
+def _app(upstream: str, recorder: Recorder) -> Starlette:
+    client = httpx.AsyncClient(base_url=upstream, timeout=600)
+
+    async def forward(request: Request) -> Response:
+        body = await request.body()
+        path = request.url.path
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        if path != "/generate":
+            r = await client.request(request.method, path, content=body, headers=headers)
+            return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+        doc = orjson.loads(body)
+        ex = Exchange(
+            rid=doc.get("rid", ""), input_ids=list(doc.get("input_ids") or []), stream=bool(doc.get("stream"))
+        )
+        if not ex.stream:
+            r = await client.post(path, content=body, headers=headers)
+            if r.status_code == 200:
+                recorder.record(ex, r.json())
+            return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+        req = client.build_request("POST", path, content=body, headers=headers)
+        r = await client.send(req, stream=True)
+
+        async def relay():
+            last = None
+            try:
+                async for line in r.aiter_lines():
+                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                        last = orjson.loads(line[5:].strip())
+                    yield (line + "\n").encode()
+            finally:
+                await r.aclose()
+                if last is not None and "error" not in last:
+                    recorder.record(ex, last)
+
+        return StreamingResponse(relay(), status_code=r.status_code, media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST", "PUT", "DELETE"])])
+
+
+@contextlib.contextmanager
+def recording_proxy(upstream: str) -> Iterator[tuple[str, Recorder]]:
+    """Serve the proxy on a free loopback port in a thread; yields (url, recorder)."""
+    recorder = Recorder()
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(_app(upstream, recorder), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise TimeoutError("recording proxy did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", recorder
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

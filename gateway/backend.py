@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -187,9 +187,14 @@ class SGLangBackend:
                     data=payload,
                     headers={"Content-Type": "application/json", ROUTING_HEADER: routing_key},
                 )
-            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+            except aiohttp.ClientConnectorError as exc:
+                # Only a connection that was never made is safe to retry: after the request
+                # went out, the engine may be generating, and a retry could duplicate it.
                 if attempt == self._retries:
                     raise UpstreamError(f"engine unreachable at {self.base_url}: {exc!r}") from exc
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                with _transport_errors(self.base_url):
+                    raise exc
             else:
                 if resp.status == 200:
                     return resp
@@ -219,9 +224,11 @@ class SGLangBackend:
         payload = self._payload(input_ids, sampling, rid, stream=False)
         try:
             resp = await self._post("/generate", payload, routing_key)
-            async with resp:
-                doc = orjson.loads(await resp.read())
-        except asyncio.CancelledError:
+            with _transport_errors(self.base_url):
+                async with resp:
+                    doc = orjson.loads(await resp.read())
+        except BaseException:
+            # Cancelled (the agent went away) or failed mid-read: the engine may still be busy.
             await self._abort_quietly(rid)
             raise
         if isinstance(doc, list):
@@ -245,30 +252,29 @@ class SGLangBackend:
         done = False
         try:
             resp = await self._post("/generate", payload, routing_key)
-            async with resp:
-                last: dict[str, Any] | None = None
-                async for raw in resp.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    doc = orjson.loads(data)
-                    if "error" in doc:
-                        raise UpstreamError(f"engine stream error: {_error_message(data)}")
-                    last = doc
-                    triples = (doc.get("meta_info") or {}).get("output_token_logprobs") or []
-                    if len(triples) > seen:
-                        new = [int(t[1]) for t in triples[seen:]]
-                        seen = len(triples)
-                        yield StreamUpdate(new)
-                if last is None:
-                    raise UpstreamError("engine stream ended without a chunk")
-                result = _parse_result(last, rid, top_n)
-                if (last.get("meta_info") or {}).get("finish_reason") is None:
-                    raise UpstreamError("engine stream ended before the generation finished")
-                done = True
+            with _transport_errors(self.base_url):
+                async with resp:
+                    last: dict[str, Any] | None = None
+                    async for raw in resp.content:
+                        line = raw.strip()
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            break
+                        doc = orjson.loads(data)
+                        if "error" in doc:
+                            raise UpstreamError(f"engine stream error: {_error_message(data)}")
+                        last = doc
+                        triples = (doc.get("meta_info") or {}).get("output_token_logprobs") or []
+                        if len(triples) > seen:
+                            new = [int(t[1]) for t in triples[seen:]]
+                            seen = len(triples)
+                            yield StreamUpdate(new)
+            if last is None or (last.get("meta_info") or {}).get("finish_reason") is None:
+                raise UpstreamError("the engine's stream ended before the generation finished")
+            result = _parse_result(last, rid, top_n)
+            done = True
             _raise_if_aborted(result)
             yield StreamUpdate([], result)
         finally:
@@ -296,6 +302,19 @@ class SGLangBackend:
             except aiohttp.ClientConnectionError as exc:
                 raise UpstreamError(f"engine unreachable at {self.base_url}: {exc!r}") from exc
         raise UpstreamError(f"engine at {self.base_url} serves neither /model_info nor /get_model_info")
+
+
+@contextlib.contextmanager
+def _transport_errors(base_url: str) -> Iterator[None]:
+    """Map transport failures after the request was sent to `UpstreamError` (504 on timeout)."""
+    try:
+        yield
+    except TimeoutError as exc:
+        err = UpstreamError(f"the engine at {base_url} timed out")
+        err.status = 504
+        raise err from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamError(f"the connection to the engine at {base_url} failed: {exc!r}") from exc
 
 
 def _raise_if_aborted(result: GenerationResult) -> None:

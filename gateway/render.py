@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from rlgw.gateway.errors import GatewayError, InvalidRequest
 from transformers import PreTrainedTokenizerBase
+
+from rlgw.gateway.errors import GatewayError, InvalidRequest
 
 # Plain text that templates pass through unchanged; it marks where the anchor assistant's
 # content ends. It never reaches the engine (only text after it is tokenized).
@@ -165,6 +166,10 @@ class ChatRenderer:
         template renders them after an assistant turn (consecutive tool results grouped
         together), and the generation prompt for `kwargs` (with `enable_thinking=False`, Qwen3's
         empty think block). Nothing before the new messages is rendered.
+
+        `previous_ended_with_eos`: the sampled ids end with one of `stop_token_ids`. The text of
+        the template's end-of-turn token is then cut from the front of the increment (the model
+        already emitted it); otherwise the increment starts with the template's whole closing.
         """
         if not new_messages:
             raise ValueError("render_continuation needs at least one new message")
@@ -181,9 +186,16 @@ class ChatRenderer:
             tail = tail[len(self._eot_text) :]
         return self.tokenize(tail)
 
+    def tokenize(self, text: str) -> list[int]:
+        """Ids of rendered text: special tokens parsed, no BOS/EOS added (templates write their own)."""
+        return self._tok.encode(text, add_special_tokens=False, split_special_tokens=False)
+
     def _assistant_closing(self) -> str:
         """What the template writes after an assistant turn's content when nothing follows."""
-        text = self._render(list(_ANCHOR), None, False, {})
+        try:
+            text = self._render(list(_ANCHOR), None, False, {})
+        except InvalidRequest as e:
+            raise TemplateIncompatible(f"the chat template refuses a user/assistant exchange: {e}") from e
         at = text.find(SENTINEL)
         closing = text[at + len(SENTINEL) :] if at >= 0 else ""
         if not closing:
@@ -209,10 +221,6 @@ class ChatRenderer:
             # The template refused the conversation ("roles must alternate"), or tripped over a
             # value of a shape it does not expect (templates are code run over agent input).
             raise InvalidRequest(f"the chat template rejected the messages: {e}", param="messages") from e
-
-    def tokenize(self, text: str) -> list[int]:
-        """Ids of rendered text: special tokens parsed, no BOS/EOS added (templates write their own)."""
-        return self._tok.encode(text, add_special_tokens=False, split_special_tokens=False)
 
     @staticmethod
     def _normalize_one(index: int, message: Any) -> dict:

@@ -220,7 +220,13 @@ async def _store_samples(request: Request, session: Session, body: SessionFinish
         accepted.append((index, sample))
     if accepted:
         cursors = await asyncio.shield(
-            state.store.add_samples(session.tenant, session.id, session.task_id, [s for _, s in accepted])
+            state.store.add_samples(
+                session.tenant,
+                session.id,
+                session.task_id,
+                [s for _, s in accepted],
+                segments=[i for i, _ in accepted],
+            )
         )
         for cursor, (index, sample) in zip(cursors, accepted, strict=True):
             trainable = int(sample.loss_mask.sum())

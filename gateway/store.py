@@ -350,21 +350,36 @@ class TrajectoryStore:
                 future.set_result(outcome)
 
     async def add_samples(
-        self, tenant: str, session_id: str, task_id: str, samples: list[Sample]
+        self,
+        tenant: str,
+        session_id: str,
+        task_id: str,
+        samples: list[Sample],
+        *,
+        segments: list[int] | None = None,
     ) -> list[int]:
-        """Store the segments of one finished session (segment i = samples[i]) all or nothing.
+        """Store the segments of one finished session all or nothing.
 
-        Returns their cursors, in order, once the transaction is durable on disk.
+        `segments[i]` is the ledger segment index of `samples[i]` (default: 0, 1, 2, ...);
+        pass it when some segments were rejected, so the stored index matches the ledger's.
+        Returns the cursors, in order, once the transaction is durable on disk.
         """
         if self._readonly:
             raise StoreError("this store was opened read-only")
         if not samples:
             return []
+        if segments is None:
+            segments = list(range(len(samples)))
+        elif len(segments) != len(samples):
+            raise ValueError(f"{len(segments)} segment indices for {len(samples)} samples")
         now = time.time()
         # Compression runs on the shared default executor so that several finishes can encode
         # in parallel (zstd releases the GIL); only the INSERT+fsync is serialized.
         rows = await asyncio.to_thread(
-            lambda: [_row_values(tenant, session_id, task_id, i, now, s) for i, s in enumerate(samples)]
+            lambda: [
+                _row_values(tenant, session_id, task_id, seg, now, s)
+                for seg, s in zip(segments, samples, strict=True)
+            ]
         )
         future: Future[list[int]] = Future()
         self._pending.put((rows, future))

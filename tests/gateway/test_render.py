@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import jinja2
 import pytest
+from transformers import AutoTokenizer
+
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.render import (
     SENTINEL,
@@ -23,8 +25,6 @@ from rlgw.gateway.render import (
     TemplateIncompatible,
     read_chat_template,
 )
-from transformers import AutoTokenizer
-
 from tests.gateway.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
 
 EOT = "<|im_end|>"
@@ -34,7 +34,11 @@ TOOLS = [
         "function": {
             "name": "get_weather",
             "description": "Current weather in a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
         },
     },
     {
@@ -42,7 +46,10 @@ TOOLS = [
         "function": {
             "name": "book_table",
             "description": "Book a restaurant table.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "people": {"type": "integer"}}},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "people": {"type": "integer"}},
+            },
         },
     },
 ]
@@ -75,9 +82,20 @@ CONVERSATION = [
         "tool_calls": [call("call_3", "get_weather", '{"city": "Paris"}')],
     },
     {"role": "tool", "tool_call_id": "call_3", "content": "Paris: 22C, sunny"},
-    {"role": "assistant", "reasoning_content": "Both readings agree.", "content": "Paris is warmer (22C vs 15C)."},
-    {"role": "user", "content": [{"type": "text", "text": "Great."}, {"type": "text", "text": "Book for 2 there."}]},
-    {"role": "assistant", "content": None, "tool_calls": [call("call_4", "book_table", '{"city": "Paris", "people": 2}')]},
+    {
+        "role": "assistant",
+        "reasoning_content": "Both readings agree.",
+        "content": "Paris is warmer (22C vs 15C).",
+    },
+    {
+        "role": "user",
+        "content": [{"type": "text", "text": "Great."}, {"type": "text", "text": "Book for 2 there."}],
+    },
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call("call_4", "book_table", '{"city": "Paris", "people": 2}')],
+    },
     {"role": "tool", "tool_call_id": "call_4", "content": "booked: table 7 at 20:00"},
     {"role": "assistant", "content": "Booked table 7 for two in Paris at 20:00."},
 ]
@@ -125,7 +143,11 @@ def tail_after_assistant(full: str, n: int) -> str:
 
 
 def simulate(
-    r: ChatRenderer, msgs: list[dict], tools: list[dict] | None, turn_kwargs: dict, cut: frozenset = frozenset()
+    r: ChatRenderer,
+    msgs: list[dict],
+    tools: list[dict] | None,
+    turn_kwargs: dict,
+    cut: frozenset = frozenset(),
 ) -> list[Turn]:
     """Run the ledger over `msgs`; turns in `cut` were cut by length (no `<|im_end|>` sampled)."""
     assistants = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
@@ -183,7 +205,9 @@ def test_qwen3_increment_groups_tools_and_carries_thinking_off_prompt(qwen3: Cha
         "\n<|im_start|>user\n<tool_response>\nParis: 21C, sunny\n</tool_response>\n"
         "<tool_response>\nBerlin: 15C, rain\n\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
-    user_turn = qwen3.render_continuation(CONVERSATION[8:9], TOOLS, previous_ended_with_eos=True, enable_thinking=False)
+    user_turn = qwen3.render_continuation(
+        CONVERSATION[8:9], TOOLS, previous_ended_with_eos=True, enable_thinking=False
+    )
     assert qwen3.tokenizer.decode(user_turn).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     # The tools preamble belongs to the first prompt only.
     assert "# Tools" not in text and SENTINEL not in text
@@ -193,7 +217,9 @@ def test_config_template_kwargs_are_defaults_that_requests_override() -> None:
     r = ChatRenderer(qwen3_tokenizer(), TemplateConfig(template_kwargs={"enable_thinking": False}))
     user = [{"role": "user", "content": "hi"}]
     off = r.tokenizer.decode(r.render_continuation(user, None, previous_ended_with_eos=True))
-    on = r.tokenizer.decode(r.render_continuation(user, None, previous_ended_with_eos=True, enable_thinking=True))
+    on = r.tokenizer.decode(
+        r.render_continuation(user, None, previous_ended_with_eos=True, enable_thinking=True)
+    )
     assert off.endswith("<think>\n\n</think>\n\n")
     assert on.endswith("<|im_start|>assistant\n")
 
@@ -211,7 +237,8 @@ def test_system_message_mid_conversation(qwen3: ChatRenderer) -> None:
     new = [{"role": "system", "content": "Budget is 50 EUR."}, {"role": "user", "content": "Go on."}]
     text = qwen3.tokenizer.decode(qwen3.render_continuation(new, TOOLS, previous_ended_with_eos=True))
     assert text == (
-        "\n<|im_start|>system\nBudget is 50 EUR.<|im_end|>\n<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n"
+        "\n<|im_start|>system\nBudget is 50 EUR.<|im_end|>\n"
+        "<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n"
     )
 
 
@@ -229,7 +256,9 @@ def test_render_continuation_renders_only_the_increment(qwen3: ChatRenderer, mon
     # A long history: 60 tool-using turns with 2 kB tool results.
     history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "start"}]
     for i in range(60):
-        history.append({"role": "assistant", "content": "", "tool_calls": [call(f"c{i}", "get_weather", "{}")]})
+        history.append(
+            {"role": "assistant", "content": "", "tool_calls": [call(f"c{i}", "get_weather", "{}")]}
+        )
         history.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"result {i} " + "x" * 2000})
     history.append({"role": "assistant", "content": "", "tool_calls": [call("last", "get_weather", "{}")]})
     new = [{"role": "tool", "tool_call_id": "last", "content": "fresh result"}]
@@ -266,7 +295,11 @@ def test_render_continuation_renders_only_the_increment(qwen3: ChatRenderer, mon
 
 def test_normalize_accepts_openai_shapes(qwen3: ChatRenderer) -> None:
     raw = [
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": None},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            "name": None,
+        },
         {"role": "assistant", "content": None, "tool_calls": [call("c", "get_weather", '{"city": "Paris"}')]},
         {"role": "assistant", "content": "x", "tool_calls": [call("d", "get_weather", "not json")]},
     ]
@@ -336,7 +369,9 @@ def test_chat_template_override_and_its_stop_tokens(tmp_path) -> None:
     r = ChatRenderer(qwen3_tokenizer(), TemplateConfig(chat_template=read_chat_template(str(path))))
     tok = r.tokenizer
     assert r.stop_token_ids == [tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids(EOT)]
-    text = tok.decode(r.render_continuation([{"role": "user", "content": "q"}], None, previous_ended_with_eos=True))
+    text = tok.decode(
+        r.render_continuation([{"role": "user", "content": "q"}], None, previous_ended_with_eos=True)
+    )
     assert text == "\n<|im_start|>user\nq<|endoftext|>\n<|im_start|>assistant\n"
 
 

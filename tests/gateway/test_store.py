@@ -50,6 +50,13 @@ async def test_round_trip_is_token_exact_with_teacher_fields(store: TrajectorySt
     # Trainers may normalise in place: decoded arrays must be writable.
     got[0].sample.rollout_log_probs *= 2
 
+    # A finish whose segment 1 was rejected stores segments 0 and 2 under their ledger indices.
+    later = await store.add_samples("t1", "sess-2", "task-9", [plain, plain], segments=[0, 2])
+    assert [g.segment for g in await store.list("t1", after=cursors[-1])] == [0, 2]
+    assert later[0] > cursors[1]
+    with pytest.raises(ValueError, match="segment indices"):
+        await store.add_samples("t1", "sess-3", "task-9", [plain], segments=[0, 1])
+
     one = await store.get("t1", cursors[1])
     assert one is not None
     assert_same_sample(one.sample, teacher)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rlgw.gateway.render import ChatRenderer, TemplateConfig
 from rlgw.gateway.template_probe import probe_template
-
 from tests.gateway.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
 
 
@@ -42,7 +41,8 @@ def test_template_that_depends_on_history_fails_the_probe() -> None:
     # Numbering turns makes a message's text depend on the whole history, which the anchor
     # cannot stand in for: the probe must say increments do not match.
     numbered = (
-        "{% for m in messages %}<|im_start|>{{ m.role }} #{{ loop.index }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }} #{{ loop.index }}\n"
+        "{{ m.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant #{{ messages | length + 1 }}\n{% endif %}"
     )
     report = probe_template(ChatRenderer(qwen3_tokenizer(), TemplateConfig(chat_template=numbered)))
@@ -50,4 +50,3 @@ def test_template_that_depends_on_history_fails_the_probe() -> None:
     assert not report.increment_matches_full_render
     assert "INCREMENTAL RENDERING DOES NOT MATCH" in report.summary()
     assert any("differs from the full render" in n for n in report.notes)
-

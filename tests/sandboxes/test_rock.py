@@ -82,7 +82,9 @@ async def test_fake_server_speaks_the_rl_rock_sdk_contract(rock_url: str, tmp_pa
     from rock.sdk.sandbox.client import Sandbox as RockSdkSandbox
     from rock.sdk.sandbox.config import SandboxConfig
 
-    sdk = RockSdkSandbox(SandboxConfig(base_url=rock_url, extra_headers={"XRL-Authorization": f"Bearer {KEY}"}))
+    sdk = RockSdkSandbox(
+        SandboxConfig(base_url=rock_url, extra_headers={"XRL-Authorization": f"Bearer {KEY}"})
+    )
     await sdk.start()
     try:
         assert sdk.sandbox_id

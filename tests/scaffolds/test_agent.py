@@ -101,7 +101,7 @@ class QuickMini(MiniScaffold):
     """rlgw-mini whose run only writes a `finish` event: the stage tests need no LLM call."""
 
     def run_command(self, ctx) -> str:
-        return f"echo '{{\"event\": \"finish\", \"turns\": 1}}' > {ctx.home}/trajectory.jsonl"
+        return f'echo \'{{"event": "finish", "turns": 1}}\' > {ctx.home}/trajectory.jsonl'
 
 
 def make_agent(tmp_path: Path, gateway: RecordingGateway, fail: str | None = None, which: int = 0,

@@ -18,7 +18,13 @@ ALL_AGENT = {R.FINISH, R.REJECT, R.CONTEXT_LENGTH_EXCEEDED, R.MAX_TURNS, R.BUDGE
         (False, True, None, ALL_AGENT, R.TIMEOUT),  # timeout beats the agent's own signals
         (False, False, 1, ALL_AGENT, R.FINISH),
         (False, False, 0, ALL_AGENT - {R.FINISH}, R.REJECT),
-        (False, False, 0, {R.CONTEXT_LENGTH_EXCEEDED, R.MAX_TURNS, R.STUCK, R.ERROR}, R.CONTEXT_LENGTH_EXCEEDED),
+        (
+            False,
+            False,
+            0,
+            {R.CONTEXT_LENGTH_EXCEEDED, R.MAX_TURNS, R.STUCK, R.ERROR},
+            R.CONTEXT_LENGTH_EXCEEDED,
+        ),
         (False, False, 0, {R.MAX_TURNS, R.BUDGET, R.STUCK}, R.MAX_TURNS),
         (False, False, 0, {R.BUDGET, R.STUCK, R.ERROR}, R.BUDGET),
         (False, False, 0, {R.STUCK, R.ERROR}, R.STUCK),

@@ -1,0 +1,157 @@
+"""Live weight updates: `/update_weights_from_disk` over HTTP, and the core's `update_weights` contract."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from rlgw.engine.core import Engine, EngineConfig, Request, WeightUpdateError, read_safetensors_dir
+from rlgw.engine.sampling import parse_sampling_params
+
+PROMPT = [9707, 1052, 11, 1246, 525, 498, 30]
+GREEDY = {"max_new_tokens": 16, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def core_b(tiny_model_b: Path) -> Iterator[Engine]:
+    """An in-process engine core loaded directly from checkpoint B."""
+    engine = Engine(tiny_model_b, EngineConfig(max_queue=8, max_running=4))
+    yield engine
+    engine.shutdown()
+
+
+async def run_core(engine: Engine, prompt: list[int]) -> Request:
+    """One greedy generation through the core API; returns the finished request."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+
+    def sink(update) -> None:
+        if update.finish_reason is not None:
+            loop.call_soon_threadsafe(done.set)
+
+    req = Request(
+        rid=f"t-{id(done)}",
+        input_ids=prompt,
+        params=parse_sampling_params(GREEDY),
+        sink=sink,
+        return_logprob=True,
+    )
+    engine.submit([req])
+    await asyncio.wait_for(done.wait(), 30)
+    return req
+
+
+async def generate(client: httpx.AsyncClient) -> dict:
+    body = {"input_ids": PROMPT, "sampling_params": GREEDY, "return_logprob": True}
+    r = await client.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def test_update_weights_from_disk(
+    engine_url: str, tiny_model: Path, tiny_model_b: Path, core_b: Engine, tmp_path: Path
+) -> None:
+    assert (tiny_model_b / "model.safetensors.index.json").is_file()  # the sharded path is exercised
+    ref_b = await run_core(core_b, PROMPT)
+    async with httpx.AsyncClient(base_url=engine_url, timeout=120) as client:
+        before = await generate(client)
+        assert before["meta_info"]["weight_version"] == "default"
+        assert before["output_ids"] != ref_b.output_ids
+        try:
+            r = await client.post(
+                "/update_weights_from_disk", json={"model_path": str(tiny_model_b), "weight_version": "v2"}
+            )
+            assert r.status_code == 200
+            assert r.json() == {
+                "success": True,
+                "message": "Succeeded to update model weights. Weight version updated to v2.",
+                "num_paused_requests": 0,
+            }
+            after = await generate(client)
+            # Exactly what a model loaded directly from checkpoint B produces.
+            assert after["output_ids"] == ref_b.output_ids
+            got = [t[0] for t in after["meta_info"]["output_token_logprobs"]]
+            assert got == pytest.approx(ref_b.output_logprobs, abs=1e-6)
+            assert after["meta_info"]["weight_version"] == "v2"
+            assert (await client.get("/model_info")).json()["weight_version"] == "v2"
+            assert (await client.get("/get_weight_version")).json() == {"weight_version": "v2"}
+
+            # A checkpoint that does not fit is refused as a whole: nothing changes.
+            bad = tmp_path / "bad"
+            bad.mkdir()
+            save_file(
+                {"model.norm.weight": torch.ones(65), "lm_head.weight": torch.zeros(4)},
+                str(bad / "x.safetensors"),
+            )
+            r = await client.post(
+                "/update_weights_from_disk", json={"model_path": str(bad), "weight_version": "v3"}
+            )
+            assert r.status_code == 400 and r.json()["success"] is False
+            assert "model.norm.weight" in r.json()["message"] and "lm_head.weight" in r.json()["message"]
+            r = await client.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "missing")})
+            assert r.status_code == 400 and "does not exist" in r.json()["message"]
+            unchanged = await generate(client)
+            assert (
+                unchanged["output_ids"] == ref_b.output_ids
+                and unchanged["meta_info"]["weight_version"] == "v2"
+            )
+        finally:
+            restore = {"model_path": str(tiny_model), "weight_version": "default"}
+            assert (await client.post("/update_weights_from_disk", json=restore)).status_code == 200
+        assert (await generate(client))["output_ids"] == before["output_ids"]
+
+
+async def test_core_update_weights_contract(core_b: Engine, tiny_model: Path, tiny_model_b: Path) -> None:
+    before = await run_core(core_b, PROMPT)
+    version = core_b.weight_version
+    norm = core_b.model.state_dict()["model.norm.weight"]
+    for bad, needle in [
+        ([("model.nope.weight", torch.zeros(3))], "unknown parameter"),
+        ([("model.norm.weight", torch.zeros(65))], "shape"),
+        ([("model.norm.weight", torch.zeros(64, dtype=torch.float16))], "dtype"),
+        # One bad tensor spoils the whole update, even after a good one.
+        ([("model.norm.weight", torch.zeros(64)), ("lm_head.weight", torch.zeros(2))], "lm_head.weight"),
+    ]:
+        with pytest.raises(WeightUpdateError, match=needle):
+            await core_b.update_weights(bad, "never")
+    assert core_b.weight_version == version
+    assert torch.equal(core_b.model.state_dict()["model.norm.weight"], norm)
+    assert (await run_core(core_b, PROMPT)).output_ids == before.output_ids
+
+    # Applying A's tensors makes B generate like A; applying B's again restores it.
+    await core_b.update_weights(read_safetensors_dir(tiny_model).items(), "a")
+    as_a = await run_core(core_b, PROMPT)
+    assert core_b.weight_version == "a" and as_a.output_ids != before.output_ids
+    await core_b.load_weights_from_dir(tiny_model_b, None)
+    assert core_b.weight_version == "a"  # None keeps the version string
+    assert (await run_core(core_b, PROMPT)).output_ids == before.output_ids
+
+
+async def test_update_waits_for_running_requests(core_b: Engine, tiny_model_b: Path) -> None:
+    """An update without a pause lets running requests finish on the old weights first."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    versions: list[str] = []
+
+    started = asyncio.Event()
+
+    def sink(update) -> None:
+        loop.call_soon_threadsafe(started.set)
+        if update.finish_reason is not None:
+            versions.append(update.weight_version)
+            loop.call_soon_threadsafe(done.set)
+
+    params = parse_sampling_params({"max_new_tokens": 200, "temperature": 0, "ignore_eos": True})
+    req = Request(rid="long", input_ids=PROMPT, params=params, sink=sink, stream=True)
+    core_b.submit([req])
+    await asyncio.wait_for(started.wait(), 30)
+    await core_b.load_weights_from_dir(tiny_model_b, "waited")
+    assert done.is_set() and len(req.output_ids) == 200
+    assert versions == [versions[0]] and versions[0] != "waited"
+    assert core_b.weight_version == "waited"

@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--scaffold", required=True, help="rlgw-mini, openhands or terminus-2")
     p.add_argument("--scaffold-option", action="append", default=[], metavar="KEY=JSON",
-                   help="scaffold constructor option, value as JSON (repeatable), e.g. version=\"v1\"")  # fmt: skip
+                   help='scaffold option, value as JSON (repeatable), e.g. version="v1"')  # fmt: skip
     p.add_argument("--tasks", required=True, help="JSONL tasks file (see rlgw.scaffolds.tasks)")
     p.add_argument("--mode", choices=("capture", "eval"), default="capture")
     p.add_argument("--concurrency", type=int, default=4)

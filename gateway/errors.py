@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from fastapi import Request
 from fastapi.exceptions import HTTPException, RequestValidationError
+from pydantic import ValidationError
 from starlette.responses import Response
 
 
@@ -111,8 +112,8 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
 
 
 async def handle_validation_error(request: Request, exc: Exception) -> Response:
-    """FastAPI handler: request validation errors -> 400 with the first problem named."""
-    assert isinstance(exc, RequestValidationError)
+    """Request validation errors (FastAPI's or pydantic's) -> 400 with the first problem named."""
+    assert isinstance(exc, RequestValidationError | ValidationError)
     errors = exc.errors()
     first = errors[0] if errors else {}
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
@@ -128,3 +129,4 @@ def install_error_handlers(app: Any) -> None:
     app.add_exception_handler(APIError, handle_api_error)
     app.add_exception_handler(HTTPException, handle_http_exception)
     app.add_exception_handler(RequestValidationError, handle_validation_error)
+    app.add_exception_handler(ValidationError, handle_validation_error)

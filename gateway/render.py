@@ -22,6 +22,7 @@ that a given template renders increments the way this module assumes.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,12 @@ _ANCHOR: tuple[dict[str, Any], ...] = (
     {"role": "user", "content": "x"},
     {"role": "assistant", "content": SENTINEL},
 )
+# Names apply_chat_template takes for itself: never valid as template kwargs.
+_RESERVED_KWARGS = frozenset(
+    name
+    for name, p in inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters.items()
+    if p.kind is not p.VAR_KEYWORD and name != "self"
+) | {"messages"}
 # OpenAI content-part types that carry text.
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 
@@ -208,6 +215,10 @@ class ChatRenderer:
         self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool, kwargs: Mapping
     ) -> str:
         tools = tools or None  # `if tools` in templates: an empty list means no tools
+        if reserved := _RESERVED_KWARGS.intersection(kwargs):
+            raise InvalidRequest(
+                f"chat template kwargs may not set {sorted(reserved)}", param="chat_template_kwargs"
+            )
         try:
             return self._tok.apply_chat_template(
                 messages,

@@ -86,7 +86,7 @@ class Sandbox(Protocol):
         self,
         command: str,
         *,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the command's limit inside the sandbox, not a cancel scope)
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> ExecResult:

@@ -125,7 +125,7 @@ class LocalSandbox:
         self,
         command: str,
         *,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the command's limit inside the sandbox, not a cancel scope)
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> ExecResult:
@@ -203,6 +203,9 @@ class LocalSandbox:
 
     async def upload(self, local: Path, remote: str) -> None:
         """Copy a host file or directory into the sandbox."""
+        await asyncio.to_thread(self._upload_sync, local, remote)
+
+    def _upload_sync(self, local: Path, remote: str) -> None:
         dest = self._host_path(remote)
         try:
             if local.is_dir():
@@ -217,8 +220,11 @@ class LocalSandbox:
 
     async def download(self, remote: str, local: Path) -> None:
         """Copy a sandbox file or directory to the host."""
+        await asyncio.to_thread(self._download_sync, remote, local)
+
+    def _download_sync(self, remote: str, local: Path) -> None:
         src = self._host_path(remote)
-        if not src.exists():
+        if not os.path.lexists(src):
             raise SandboxFileNotFound(f"{remote!r} does not exist in {self._id}")
         try:
             if src.is_dir():

@@ -73,7 +73,9 @@ class RockConfig:
         """Build from `ROCK_BASE_URL` (required), `ROCK_API_KEY`, `ROCK_IMAGE`, then `overrides`."""
         base = os.environ.get("ROCK_BASE_URL")
         if not base and "base_url" not in overrides:
-            raise SandboxError("ROCK_BASE_URL is not set (the ROCK admin server, e.g. http://rock-admin:8080)")
+            raise SandboxError(
+                "ROCK_BASE_URL is not set (the ROCK admin server, e.g. http://rock-admin:8080)"
+            )
         values: dict[str, Any] = {"base_url": base, "api_key": os.environ.get("ROCK_API_KEY")}
         if os.environ.get("ROCK_IMAGE"):
             values["image"] = os.environ["ROCK_IMAGE"]
@@ -154,9 +156,13 @@ class RockSandbox:
         except httpx.HTTPError as e:
             raise SandboxCommandError(f"ROCK {route} failed ({type(e).__name__}: {e}) at {url}") from e
         if resp.status_code in (401, 403):
-            raise SandboxCommandError(f"ROCK refused the key ({resp.status_code}) at {url}: check ROCK_API_KEY")
+            raise SandboxCommandError(
+                f"ROCK refused the key ({resp.status_code}) at {url}: check ROCK_API_KEY"
+            )
         if resp.status_code != 200:
-            raise SandboxCommandError(f"ROCK {route} answered HTTP {resp.status_code} at {url}: {resp.text[:500]}")
+            raise SandboxCommandError(
+                f"ROCK {route} answered HTTP {resp.status_code} at {url}: {resp.text[:500]}"
+            )
         try:
             body = resp.json()
         except ValueError as e:
@@ -183,9 +189,7 @@ class RockSandbox:
         self._sandbox_id = result["sandbox_id"]
         deadline = time.monotonic() + self.config.startup_timeout_s
         while True:
-            ok, status, error = await self._call(
-                "GET", "get_status", params={"sandbox_id": self._sandbox_id}
-            )
+            ok, status, error = await self._call("GET", "get_status", params={"sandbox_id": self._sandbox_id})
             if not ok:
                 raise SandboxStartError(f"ROCK get_status failed for {self._sandbox_id}: {error}")
             if status.get("is_alive"):
@@ -208,12 +212,22 @@ class RockSandbox:
         )
         lines = probe.output.split()
         if not probe.ok or len(lines) < 2:
-            raise SandboxStartError(f"cannot prepare workdir in ROCK sandbox {self._sandbox_id}: {probe.output}")
+            raise SandboxStartError(
+                f"cannot prepare workdir in ROCK sandbox {self._sandbox_id}: {probe.output}"
+            )
         self._workdir, self._scratch = lines[0], lines[1]
-        log.info("rock sandbox started", extra={"fields": {"sandbox": self._sandbox_id, "image": self.config.image}})
+        log.info(
+            "rock sandbox started",
+            extra={"fields": {"sandbox": self._sandbox_id, "image": self.config.image}},
+        )
 
     async def _execute(
-        self, command: str, *, timeout: float | None, cwd: str | None, env: Mapping[str, str] | None = None
+        self,
+        command: str,
+        *,
+        timeout: float | None,  # noqa: ASYNC109
+        cwd: str | None,
+        env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         # ROCK runs `command` with subprocess (shell=False) and *replaces* the environment when
         # `env` is given; so the command is a bash argv and extra variables are exported in it.
@@ -242,7 +256,7 @@ class RockSandbox:
         self,
         command: str,
         *,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the command's limit inside the sandbox, not a cancel scope)
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> ExecResult:
@@ -251,7 +265,13 @@ class RockSandbox:
             command, timeout=timeout, cwd=resolve(self.workdir, cwd) if cwd else self.workdir, env=env
         )
 
-    async def run_in_session(self, command: str, *, session: str = "default", timeout: float | None = None) -> str:
+    async def run_in_session(
+        self,
+        command: str,
+        *,
+        session: str = "default",
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> str:
         """Run `command` in a persistent bash session (created on first use); returns its output.
 
         Sessions keep shell state (cwd, exported variables) between calls, as ROCK's
@@ -288,7 +308,9 @@ class RockSandbox:
             },
         )
         if not ok:
-            raise SandboxCommandError(f"ROCK create_session {session!r} failed in {self._sandbox_id}: {error}")
+            raise SandboxCommandError(
+                f"ROCK create_session {session!r} failed in {self._sandbox_id}: {error}"
+            )
 
     async def close_session(self, session: str = "default") -> None:
         """Close a bash session."""
@@ -336,28 +358,28 @@ class RockSandbox:
             files={"file": (os.path.basename(target) or "file", data, "application/octet-stream")},
         )
         if not ok or (isinstance(result, dict) and result.get("success") is False):
-            raise SandboxCommandError(f"ROCK upload to {target} failed in {self._sandbox_id}: {error or result}")
+            raise SandboxCommandError(
+                f"ROCK upload to {target} failed in {self._sandbox_id}: {error or result}"
+            )
 
     async def upload(self, local: Path, remote: str) -> None:
         """A file goes up as is; a directory as a tar.gz unpacked in place."""
         target = resolve(self.workdir, remote)
-        if not local.exists():
-            raise SandboxFileNotFound(f"local path {local} does not exist")
-        if local.is_file():
-            await self.write_file(target, local.read_bytes())
+        is_file, data = await asyncio.to_thread(_pack, local)
+        if is_file:
+            await self.write_file(target, data)
             return
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            tar.add(local, arcname=".")
         tmp = f"{self.scratch}/upload-{uuid.uuid4().hex}.tar.gz"
-        await self._upload_bytes(buf.getvalue(), tmp)
+        await self._upload_bytes(data, tmp)
         res = await self._execute(
             f"mkdir -p {shlex.quote(target)} && tar xzf {tmp} -C {shlex.quote(target)} && rm -f {tmp}",
             timeout=600,
             cwd=None,
         )
         if not res.ok:
-            raise SandboxCommandError(f"unpacking upload into {target} failed in {self._sandbox_id}: {res.output}")
+            raise SandboxCommandError(
+                f"unpacking upload into {target} failed in {self._sandbox_id}: {res.output}"
+            )
 
     async def download(self, remote: str, local: Path) -> None:
         """Pack `remote` with tar, move it base64-encoded through `execute`, unpack locally."""
@@ -373,20 +395,8 @@ class RockSandbox:
             raise SandboxFileNotFound(f"{target!r} does not exist in {self._sandbox_id}")
         if not res.ok:
             raise SandboxCommandError(f"packing {target} failed in {self._sandbox_id}: {res.output[-500:]}")
-        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(res.output)), mode="r:gz") as tar:
-            members = tar.getmembers()
-            is_dir = any(m.name == name and m.isdir() for m in members)
-            if is_dir:
-                local.mkdir(parents=True, exist_ok=True)
-                for m in members:
-                    m.name = os.path.relpath(m.name, name)
-                tar.extractall(local, members=members, filter="data")
-            else:
-                local.parent.mkdir(parents=True, exist_ok=True)
-                src = tar.extractfile(members[0])
-                if src is None:
-                    raise SandboxCommandError(f"{target!r} in {self._sandbox_id} is not a regular file")
-                local.write_bytes(src.read())
+        if not await asyncio.to_thread(_unpack, base64.b64decode(res.output), name, local):
+            raise SandboxCommandError(f"{target!r} in {self._sandbox_id} is not a regular file or directory")
 
     async def stop(self) -> None:
         """`stop` the sandbox (best effort: a failure is logged, never raised) and close the client."""
@@ -394,7 +404,9 @@ class RockSandbox:
             if self._sandbox_id is not None:
                 ok, _, error = await self._call("POST", "stop", json={"sandbox_id": self._sandbox_id})
                 if not ok:
-                    log.warning("rock stop failed", extra={"fields": {"sandbox": self._sandbox_id, "error": error}})
+                    log.warning(
+                        "rock stop failed", extra={"fields": {"sandbox": self._sandbox_id, "error": error}}
+                    )
         except SandboxError as e:
             log.warning("rock stop failed", extra={"fields": {"sandbox": self._sandbox_id, "error": str(e)}})
         finally:
@@ -402,3 +414,33 @@ class RockSandbox:
             if self._own_client and self._client is not None:
                 await self._client.aclose()
                 self._client = None
+
+
+def _pack(local: Path) -> tuple[bool, bytes]:
+    """(True, bytes) for a file; (False, tar.gz of its content) for a directory."""
+    if not local.exists():
+        raise SandboxFileNotFound(f"local path {local} does not exist")
+    if local.is_file():
+        return True, local.read_bytes()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(local, arcname=".")
+    return False, buf.getvalue()
+
+
+def _unpack(data: bytes, name: str, local: Path) -> bool:
+    """Unpack a tar.gz holding `name` (a file or directory) as `local`; False if it holds neither."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        members = tar.getmembers()
+        if any(m.name == name and m.isdir() for m in members):
+            local.mkdir(parents=True, exist_ok=True)
+            for m in members:
+                m.name = os.path.relpath(m.name, name)
+            tar.extractall(local, members=members, filter="data")
+            return True
+        src = tar.extractfile(members[0]) if members else None
+        if src is None:
+            return False
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(src.read())
+        return True

@@ -157,7 +157,9 @@ class InstalledAgent:
             await _stage("install", self._install(sandbox, ctx))
             run = await _stage(
                 "run",
-                sandbox.exec(self.scaffold.run_command(ctx), timeout=cfg.agent_timeout_s, env=self.scaffold.env(ctx)),
+                sandbox.exec(
+                    self.scaffold.run_command(ctx), timeout=cfg.agent_timeout_s, env=self.scaffold.env(ctx)
+                ),
             )
             timed_out, result.exit_code = run.timed_out, run.exit_code
             result.output_tail = run.output[-RESULT_OUTPUT_CHARS:]
@@ -197,10 +199,17 @@ class InstalledAgent:
         result.duration_s = time.monotonic() - started
         log.info(
             "task run done",
-            extra={"fields": {"task": task.id, "reward": result.reward, "termination": str(result.termination),
-                              "turns": result.turns, "trainable_tokens": result.trainable_tokens,
-                              "duration_s": round(result.duration_s, 2)}},
-        )  # fmt: skip
+            extra={
+                "fields": {
+                    "task": task.id,
+                    "reward": result.reward,
+                    "termination": str(result.termination),
+                    "turns": result.turns,
+                    "trainable_tokens": result.trainable_tokens,
+                    "duration_s": round(result.duration_s, 2),
+                }
+            },
+        )
         return result
 
     async def _endpoint(self, task: Task, result: RunResult, group_index: int) -> LLMEndpoint:
@@ -280,16 +289,22 @@ class InstalledAgent:
             reward=result.reward if result.reward is not None else 0.0,
             status=result.status,
             termination_reason=str(result.termination),
-            metadata={"failed_stage": result.failed_stage, "turns": result.turns, "exit_code": result.exit_code,
-                      "detail": result.detail[:500] or None},
-        )  # fmt: skip
+            metadata={
+                "failed_stage": result.failed_stage,
+                "turns": result.turns,
+                "exit_code": result.exit_code,
+                "detail": result.detail[:500] or None,
+            },
+        )
         result.trainable_tokens = summary.trainable_tokens
         result.samples = [
             {"cursor": s.cursor, "segment": s.segment, "trainable_tokens": s.trainable_tokens,
              "response_length": s.response_length}
             for s in summary.samples
         ]  # fmt: skip
-        result.rejects = [{"segment": r.segment, "reason": r.reason, "detail": r.detail} for r in summary.rejects]
+        result.rejects = [
+            {"segment": r.segment, "reason": r.reason, "detail": r.detail} for r in summary.rejects
+        ]
 
     async def _delete_quietly(self, session_id: str | None) -> None:
         if self.gateway is None or session_id is None:

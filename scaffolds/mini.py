@@ -60,7 +60,11 @@ class MiniScaffold(InstalledScaffold):
         return shlex.join(args)
 
     def env(self, ctx: ScaffoldContext) -> dict[str, str]:
-        return {"OPENAI_BASE_URL": ctx.llm.base_url, "OPENAI_API_KEY": ctx.llm.api_key, "PYTHONUNBUFFERED": "1"}
+        return {
+            "OPENAI_BASE_URL": ctx.llm.base_url,
+            "OPENAI_API_KEY": ctx.llm.api_key,
+            "PYTHONUNBUFFERED": "1",
+        }
 
     def log_paths(self, ctx: ScaffoldContext) -> dict[str, str]:
         return {"trajectory": f"{ctx.home}/trajectory.jsonl"}

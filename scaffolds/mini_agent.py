@@ -47,7 +47,7 @@ def run_bash(arguments: str, timeout: float) -> str:
         if not isinstance(command, str):
             raise TypeError("command must be a string")
     except (ValueError, KeyError, TypeError) as e:
-        return f"error: invalid arguments for bash ({e}); expected {{\"command\": \"...\"}}"
+        return f'error: invalid arguments for bash ({e}); expected {{"command": "..."}}'
     try:
         proc = subprocess.run(
             ["bash", "-c", command], capture_output=True, text=True, timeout=timeout, errors="replace"
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.instruction_file) as f:
         instruction = f.read()
     messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}]
-    log = open(args.log, "a", buffering=1)  # noqa: SIM115 (line-buffered for the whole run)
+    log = open(args.log, "a", buffering=1)
 
     def event(kind: str, **fields: object) -> None:
         log.write(json.dumps({"event": kind, "ts": time.time(), **fields}) + "\n")

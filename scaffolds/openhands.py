@@ -32,11 +32,13 @@ from rlgw.scaffolds.scaffold import (
 )
 from rlgw.scaffolds.termination import TerminationReason
 
+# uv installs itself into ~/.local/bin.
+UV_PATH = 'export PATH="$HOME/.local/bin:$PATH";'
 # `last_error` / error-event text -> reason, checked in this order.
 _ERROR_PATTERNS: tuple[tuple[re.Pattern[str], TerminationReason], ...] = (
     (re.compile(r"context ?window|context length|ContextWindowExceeded|LLMContextWindowExceed", re.I),
      TerminationReason.CONTEXT_LENGTH_EXCEEDED),
-    (re.compile(r"maximum (number of )?iteration|max(imum)? ?iterations? (reached|exceeded)|MaxIteration", re.I),
+    (re.compile(r"maximum (number of )?iteration|max(imum)? ?iterations? (reached|exceeded)", re.I),
      TerminationReason.MAX_TURNS),
     (re.compile(r"budget", re.I), TerminationReason.BUDGET),
     (re.compile(r"stuck", re.I), TerminationReason.STUCK),
@@ -97,7 +99,7 @@ class OpenHandsScaffold(InstalledScaffold):
             return
         if self.condenser not in (None, "noop"):
             raise CaptureConflictError(
-                f"OpenHands condenser {self.condenser!r} rewrites history; capture needs 'noop' (or leave it unset)"
+                f"OpenHands condenser {self.condenser!r} rewrites history; capture needs 'noop' or unset"
             )
         if self.history_truncation:
             raise CaptureConflictError("OpenHands history truncation rewrites history; capture needs it off")
@@ -116,18 +118,24 @@ class OpenHandsScaffold(InstalledScaffold):
             lines.append(f"enable_history_truncation = {'true' if truncation else 'false'}")
         if condenser is not None:
             lines += ["", "[condenser]", f'type = "{condenser}"']
-        return {f"{ctx.home}/config.toml": "\n".join(lines) + "\n", f"{ctx.home}/instruction.md": ctx.task.instruction}
+        return {
+            f"{ctx.home}/config.toml": "\n".join(lines) + "\n",
+            f"{ctx.home}/instruction.md": ctx.task.instruction,
+        }
 
     def install_commands(self, ctx: ScaffoldContext) -> list[str]:
         venv = shlex.quote(self.venv)
         if self.version == "v0":
-            pkg, check = f"openhands-ai=={self.openhands_version}", f"{venv}/bin/python -m openhands.core.main --version"
+            pkg, check = (
+                f"openhands-ai=={self.openhands_version}",
+                f"{venv}/bin/python -m openhands.core.main --version",
+            )
         else:
             pkg, check = "openhands", f"{venv}/bin/openhands --version"
         return [
             "command -v uv >/dev/null || (curl -LsSf https://astral.sh/uv/install.sh | sh)",
-            f'export PATH="$HOME/.local/bin:$PATH"; test -x {venv}/bin/python || uv venv {venv} --python 3.12',
-            f'export PATH="$HOME/.local/bin:$PATH"; uv pip install --python {venv}/bin/python {shlex.quote(pkg)}',
+            f"{UV_PATH} test -x {venv}/bin/python || uv venv {venv} --python 3.12",
+            f"{UV_PATH} uv pip install --python {venv}/bin/python {shlex.quote(pkg)}",
             check,
         ]
 
@@ -179,7 +187,9 @@ class OpenHandsScaffold(InstalledScaffold):
         self, ctx: ScaffoldContext, logs: dict[str, bytes], output: str, exit_code: int | None
     ) -> TrajectoryInfo:
         if self.version == "v0":
-            return parse_v0_events(_load_v0(logs.get("trajectory")), logs.get("log", b"").decode(errors="replace"))
+            return parse_v0_events(
+                _load_v0(logs.get("trajectory")), logs.get("log", b"").decode(errors="replace")
+            )
         text = logs.get("events", b"").decode(errors="replace") or output
         return parse_v1_events(_jsonl(text))
 
@@ -215,7 +225,12 @@ def parse_v0_events(events: list[dict[str, Any]], log_text: str = "") -> Traject
     info = TrajectoryInfo()
     state, error_text = "", ""
     for ev in events:
-        if ev.get("source") == "agent" and ev.get("action") not in (None, "message", "system", "change_agent_state"):
+        if ev.get("source") == "agent" and ev.get("action") not in (
+            None,
+            "message",
+            "system",
+            "change_agent_state",
+        ):
             info.turns += 1
         if ev.get("observation") == "agent_state_changed":
             extras = ev.get("extras") or {}

@@ -47,7 +47,9 @@ async def run_local(spec: RunSpec, tasks: Sequence[Task], *, concurrency: int, p
         agent = InstalledAgent(build_scaffold(spec.scaffold, spec.scaffold_options), spec.sandbox.create,
                                gateway, spec.config)  # fmt: skip
         gate = asyncio.Semaphore(concurrency)
-        bar = tqdm(total=len(tasks), desc=f"{spec.scaffold} {spec.config.mode}", unit="task", disable=not progress)
+        bar = tqdm(
+            total=len(tasks), desc=f"{spec.scaffold} {spec.config.mode}", unit="task", disable=not progress
+        )
 
         async def one(task: Task) -> RunResult:
             async with gate:
@@ -126,12 +128,15 @@ def summarize(results: Sequence[RunResult]) -> dict[str, Any]:
 def format_summary(results: Sequence[RunResult]) -> str:
     """A plain-text table: one line per task, then the totals and the failure classes."""
     s = summarize(results)
-    head = f"{'task':<24} {'reward':>7} {'termination':<24} {'status':<10} {'turns':>5} {'tokens':>7} {'secs':>6}"
+    head = (
+        f"{'task':<24} {'reward':>7} {'termination':<24} {'status':<10} "
+        f"{'turns':>5} {'tokens':>7} {'secs':>6}"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         reward = "-" if r.reward is None else f"{r.reward:.2f}"
         lines.append(
-            f"{r.task_id[:24]:<24} {reward:>7} {str(r.termination):<24} {r.status or '-':<10} "
+            f"{r.task_id[:24]:<24} {reward:>7} {r.termination!s:<24} {r.status or '-':<10} "
             f"{r.turns:>5} {r.trainable_tokens:>7} {r.duration_s:>6.1f}"
         )
     lines.append("-" * len(head))

@@ -65,7 +65,9 @@ class Task:
             timeout = v.get("timeout_s", 300.0)
             if not isinstance(timeout, int | float) or timeout <= 0:
                 raise ValueError("'verifier.timeout_s' must be a positive number")
-            verifier = Verifier(command=v["command"], files=dict(v.get("files") or {}), timeout_s=float(timeout))
+            verifier = Verifier(
+                command=v["command"], files=dict(v.get("files") or {}), timeout_s=float(timeout)
+            )
         metadata = doc.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise ValueError("'metadata' must be an object")
@@ -73,7 +75,11 @@ class Task:
 
     def to_dict(self) -> dict[str, Any]:
         """Inverse of `from_dict`."""
-        doc: dict[str, Any] = {"id": self.id, "instruction": self.instruction, "setup_files": self.setup_files}
+        doc: dict[str, Any] = {
+            "id": self.id,
+            "instruction": self.instruction,
+            "setup_files": self.setup_files,
+        }
         if self.verifier is not None:
             doc["verifier"] = {
                 "command": self.verifier.command,
@@ -85,7 +91,9 @@ class Task:
 
 
 def _check_files(name: str, files: Any) -> None:
-    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+    if not isinstance(files, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in files.items()
+    ):
         raise ValueError(f"{name!r} must map relative paths to text contents")
     for path in files:
         if path.startswith("/") or ".." in Path(path).parts:

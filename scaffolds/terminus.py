@@ -19,6 +19,7 @@ from pathlib import Path
 
 import orjson
 
+from rlgw.scaffolds.openhands import UV_PATH
 from rlgw.scaffolds.scaffold import (
     CaptureConflictError,
     InstalledScaffold,
@@ -45,7 +46,9 @@ class Terminus2Scaffold(InstalledScaffold):
 
     def check_mode(self, mode: Mode) -> None:
         if mode == "capture" and self.enable_summarize:
-            raise CaptureConflictError("Terminus-2 summarization rewrites history; capture needs enable_summarize off")
+            raise CaptureConflictError(
+                "Terminus-2 summarization rewrites history; capture needs enable_summarize off"
+            )
 
     def _summarize(self, mode: Mode) -> bool:
         if mode == "capture":
@@ -53,15 +56,19 @@ class Terminus2Scaffold(InstalledScaffold):
         return True if self.enable_summarize is None else self.enable_summarize
 
     def install_files(self, ctx: ScaffoldContext) -> dict[str, str]:
-        return {f"{ctx.home}/launcher.py": LAUNCHER_SOURCE.read_text(), f"{ctx.home}/instruction.md": ctx.task.instruction}
+        return {
+            f"{ctx.home}/launcher.py": LAUNCHER_SOURCE.read_text(),
+            f"{ctx.home}/instruction.md": ctx.task.instruction,
+        }
 
     def install_commands(self, ctx: ScaffoldContext) -> list[str]:
         venv = shlex.quote(self.venv)
         return [
-            "command -v tmux >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux)",
+            "command -v tmux >/dev/null || (apt-get update -qq && "
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux)",
             "command -v uv >/dev/null || (curl -LsSf https://astral.sh/uv/install.sh | sh)",
-            f'export PATH="$HOME/.local/bin:$PATH"; test -x {venv}/bin/python || uv venv {venv} --python 3.12',
-            f'export PATH="$HOME/.local/bin:$PATH"; uv pip install --python {venv}/bin/python '
+            f"{UV_PATH} test -x {venv}/bin/python || uv venv {venv} --python 3.12",
+            f"{UV_PATH} uv pip install --python {venv}/bin/python "
             f"{shlex.quote('harbor==' + self.harbor_version)}",
             f"{venv}/bin/python -c 'import harbor.agents.terminus_2'",
         ]
@@ -77,10 +84,15 @@ class Terminus2Scaffold(InstalledScaffold):
             "--logs-dir", f"{ctx.home}/logs",
             "--workdir", ctx.workdir,
         ]  # fmt: skip
-        return f"{shlex.join(args)} 2>&1 | tee {shlex.quote(ctx.home + '/terminus.log')}; exit ${{PIPESTATUS[0]}}"
+        tee = shlex.quote(ctx.home + "/terminus.log")
+        return f"{shlex.join(args)} 2>&1 | tee {tee}; exit ${{PIPESTATUS[0]}}"
 
     def env(self, ctx: ScaffoldContext) -> dict[str, str]:
-        return {"OPENAI_API_KEY": ctx.llm.api_key, "OPENAI_API_BASE": ctx.llm.base_url, "PYTHONUNBUFFERED": "1"}
+        return {
+            "OPENAI_API_KEY": ctx.llm.api_key,
+            "OPENAI_API_BASE": ctx.llm.base_url,
+            "PYTHONUNBUFFERED": "1",
+        }
 
     def log_paths(self, ctx: ScaffoldContext) -> dict[str, str]:
         return {"trajectory": f"{ctx.home}/logs/trajectory.json", "log": f"{ctx.home}/terminus.log"}
@@ -107,7 +119,9 @@ def parse_terminus_trajectory(
     agent_steps = [s for s in steps if s.get("source") == "agent"]
     info.turns = len(agent_steps)
     completed = any(
-        (tc or {}).get("function_name") == "mark_task_complete" for s in agent_steps for tc in s.get("tool_calls") or []
+        (tc or {}).get("function_name") == "mark_task_complete"
+        for s in agent_steps
+        for tc in s.get("tool_calls") or []
     )
     if _CONTEXT.search(log_text):
         info.signals.add(TerminationReason.CONTEXT_LENGTH_EXCEEDED)

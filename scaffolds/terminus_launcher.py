@@ -47,7 +47,7 @@ class HostEnvironment:
                           return_code=proc.returncode)  # fmt: skip
 
     async def is_dir(self, path, user=None) -> bool:
-        return Path(path).is_dir()
+        return Path(path).is_dir()  # noqa: ASYNC240 (small local files)
 
     async def upload_file(self, source_path, target_path, *args, **kwargs) -> None:
         Path(target_path).parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +63,7 @@ async def amain(args: argparse.Namespace) -> int:
     from harbor.models.agent.context import AgentContext
 
     logs = Path(args.logs_dir)
-    logs.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (small local files)
     agent = Terminus2(
         logs_dir=logs,
         model_name=args.model,
@@ -76,7 +76,7 @@ async def amain(args: argparse.Namespace) -> int:
     )
     env = HostEnvironment(logs, args.workdir)
     await agent.setup(env)
-    await agent.run(Path(args.instruction_file).read_text(), env, AgentContext())
+    await agent.run(Path(args.instruction_file).read_text(), env, AgentContext())  # noqa: ASYNC240 (small local files)
     return 0
 
 

@@ -147,11 +147,11 @@ async def test_update_waits_for_running_requests(core_b: Engine, tiny_model_b: P
             versions.append(update.weight_version)
             loop.call_soon_threadsafe(done.set)
 
-    params = parse_sampling_params({"max_new_tokens": 200, "temperature": 0, "ignore_eos": True})
+    params = parse_sampling_params({"max_new_tokens": 80, "temperature": 0, "ignore_eos": True})
     req = Request(rid="long", input_ids=PROMPT, params=params, sink=sink, stream=True)
     core_b.submit([req])
     await asyncio.wait_for(started.wait(), 30)
     await core_b.load_weights_from_dir(tiny_model_b, "waited")
-    assert done.is_set() and len(req.output_ids) == 200
+    assert done.is_set() and len(req.output_ids) == 80
     assert versions == [versions[0]] and versions[0] != "waited"
     assert core_b.weight_version == "waited"

@@ -220,8 +220,9 @@ def create_app(root: Path, api_key: str | None = None, startup_delay: float = 0.
                 "docker_run": {"status": run_state, "message": "docker run"},
             }
             alive = ready
+        state = "running" if alive else "pending"
         return ok({"sandbox_id": sandbox_id, "status": phases, "is_alive": alive, "host_name": "fake-rock",
-                   "host_ip": "127.0.0.1", "image": b.image, "state": "running" if alive else "pending"})  # fmt: skip
+                   "host_ip": "127.0.0.1", "image": b.image, "state": state})  # fmt: skip
 
     @app.get(f"{PREFIX}/is_alive")
     async def is_alive(sandbox_id: str) -> dict[str, Any]:
@@ -272,7 +273,7 @@ def create_app(root: Path, api_key: str | None = None, startup_delay: float = 0.
     async def read_file(req: ReadFileRequest) -> dict[str, Any]:
         try:
             box(req.sandbox_id)
-            return ok({"content": Path(req.path).read_text(encoding=req.encoding, errors=req.errors)})
+            return ok({"content": Path(req.path).read_text(encoding=req.encoding, errors=req.errors)})  # noqa: ASYNC240 (small local files)
         except Exception as e:
             return failed("read file failed", str(e))
 
@@ -282,14 +283,14 @@ def create_app(root: Path, api_key: str | None = None, startup_delay: float = 0.
             box(req.sandbox_id)
             p = Path(req.path)
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(req.content)
+            p.write_text(req.content)  # noqa: ASYNC240 (small local files)
             return ok({"success": True, "message": f"wrote {req.path}"})
         except Exception as e:
             return failed("write file failed", str(e))
 
     @app.post(f"{PREFIX}/upload")
     async def upload(
-        file: UploadFile = File(...),
+        file: UploadFile = File(...),  # noqa: B008 (FastAPI's idiom, as ROCK's own route)
         target_path: str = Form(...),
         sandbox_id: str = Form(...),
     ) -> dict[str, Any]:
@@ -297,7 +298,7 @@ def create_app(root: Path, api_key: str | None = None, startup_delay: float = 0.
             box(sandbox_id)
             p = Path(target_path)
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(await file.read())
+            p.write_bytes(await file.read())  # noqa: ASYNC240 (small local files)
             return ok({"success": True, "message": "", "file_name": p.name})
         except Exception as e:
             return failed("upload file failed", str(e))

@@ -110,6 +110,16 @@ def qwen3() -> ChatRenderer:
     return ChatRenderer(qwen3_tokenizer())
 
 
+@pytest.fixture(scope="module", params=["qwen3", "tiny-qwen3"])
+def qwen3_like(request, tiny_qwen3) -> ChatRenderer:
+    """The real Qwen3 tokenizer, and the engine tests' tiny fixture (Qwen3 template, 4k BPE)."""
+    if request.param == "qwen3":
+        return ChatRenderer(qwen3_tokenizer())
+    if not (tiny_qwen3 / "tokenizer_config.json").is_file():
+        pytest.skip("tests/fixtures/tiny-qwen3 is not built")
+    return ChatRenderer(AutoTokenizer.from_pretrained(tiny_qwen3))
+
+
 @pytest.fixture(scope="module")
 def chatml() -> ChatRenderer:
     return ChatRenderer(chatml_tokenizer())
@@ -176,14 +186,15 @@ def simulate(
     return turns
 
 
-def test_qwen3_ledger_matches_append_only_reference_every_turn(qwen3: ChatRenderer) -> None:
-    turns = simulate(qwen3, CONVERSATION, TOOLS, TURN_KWARGS)
+def test_qwen3_ledger_matches_append_only_reference_every_turn(qwen3_like: ChatRenderer) -> None:
+    turns = simulate(qwen3_like, CONVERSATION, TOOLS, TURN_KWARGS)
     assert [t.index for t in turns] == ASSISTANTS
     for t in turns:
-        assert t.ids == qwen3.tokenize(t.reference), f"turn at message {t.index}"
+        assert t.ids == qwen3_like.tokenize(t.reference), f"turn at message {t.index}"
 
 
-def test_qwen3_ledger_equals_full_render_while_history_is_untouched(qwen3: ChatRenderer) -> None:
+def test_qwen3_ledger_equals_full_render_while_history_is_untouched(qwen3_like: ChatRenderer) -> None:
+    qwen3 = qwen3_like
     turns = {t.index: t for t in simulate(qwen3, CONVERSATION, TOOLS, TURN_KWARGS)}
     for a in (2, 5, 7):  # one query, thinking on: the template keeps every turn's reasoning
         full = qwen3.render_text(CONVERSATION[:a], TOOLS, add_generation_prompt=True, **TURN_KWARGS[a])
@@ -224,7 +235,8 @@ def test_config_template_kwargs_are_defaults_that_requests_override() -> None:
     assert on.endswith("<|im_start|>assistant\n")
 
 
-def test_turn_cut_by_length_gets_the_templates_closing(qwen3: ChatRenderer) -> None:
+def test_turn_cut_by_length_gets_the_templates_closing(qwen3_like: ChatRenderer) -> None:
+    qwen3 = qwen3_like
     whole = simulate(qwen3, CONVERSATION, TOOLS, TURN_KWARGS)
     cut = simulate(qwen3, CONVERSATION, TOOLS, TURN_KWARGS, cut=frozenset({5, 9}))
     assert [t.ids for t in cut] == [t.ids for t in whole]
@@ -340,6 +352,15 @@ def test_unsupported_content_is_a_400(qwen3: ChatRenderer, content, param) -> No
     with pytest.raises(InvalidRequest) as info:
         qwen3.render_prompt([{"role": "user", "content": content}], None)
     assert info.value.status == 400 and info.value.param == param
+
+
+def test_reserved_template_kwargs_are_a_400(qwen3: ChatRenderer) -> None:
+    user = [{"role": "user", "content": "hi"}]
+    with pytest.raises(InvalidRequest, match="tokenize") as info:
+        qwen3.render_continuation(user, None, previous_ended_with_eos=True, tokenize=True)
+    assert info.value.param == "chat_template_kwargs"
+    with pytest.raises(InvalidRequest, match="messages"):
+        qwen3.render_continuation(user, None, previous_ended_with_eos=True, messages=[])
 
 
 def test_template_refusal_is_a_400() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from transformers import AutoTokenizer
+
 from rlgw.gateway.render import ChatRenderer, TemplateConfig
 from rlgw.gateway.template_probe import probe_template
 from tests.gateway.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
@@ -19,6 +22,18 @@ def test_qwen3_findings() -> None:
     assert any(line.startswith("consecutive tool messages grouped") for line in summary)
     assert "incremental rendering matches the template's full render on all 4 probe turns" in summary
     assert any("enable_thinking=False" in n and "<think>\\n\\n</think>" in n for n in report.notes)
+
+
+def test_tiny_qwen3_fixture_findings(tiny_qwen3) -> None:
+    if not (tiny_qwen3 / "tokenizer_config.json").is_file():
+        pytest.skip("tests/fixtures/tiny-qwen3 is not built")
+    report = probe_template(ChatRenderer(AutoTokenizer.from_pretrained(tiny_qwen3)))
+    assert (report.append_only, report.strips_history_reasoning, report.groups_consecutive_tools) == (
+        False,
+        True,
+        True,
+    )
+    assert report.increment_matches_full_render, report.notes
 
 
 def test_qwen3_with_thinking_off_by_default() -> None:

@@ -24,7 +24,8 @@ async def test_protocol_and_honest_isolation(box: LocalSandbox) -> None:
     assert isinstance(box, Sandbox)
     # No bwrap on this machine: the sandbox says it isolates nothing.
     assert box.isolation in ("none", "bubblewrap")
-    assert Path(box.workdir).is_dir() and Path(box.scratch).is_dir()
+    assert box.root.joinpath("workspace").as_posix() == box.workdir
+    assert (await box.exec(f"test -d {box.scratch}")).ok
 
 
 async def test_exec_env_cwd_exit_code_and_stderr(box: LocalSandbox) -> None:

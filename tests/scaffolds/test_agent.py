@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -59,7 +59,7 @@ class RecordingGateway:
 class FaultySandbox(LocalSandbox):
     """A real local sandbox that fails one chosen operation (`which` counts sandboxes from 0)."""
 
-    made: list[FaultySandbox] = []
+    made: ClassVar[list[FaultySandbox]] = []
 
     def __init__(self, base: Path, fail: str | None, which: int):
         super().__init__(base_dir=base)

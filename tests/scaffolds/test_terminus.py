@@ -7,8 +7,8 @@ import shlex
 import pytest
 
 from rlgw.scaffolds.scaffold import CaptureConflictError
-from rlgw.scaffolds.terminus import Terminus2Scaffold
 from rlgw.scaffolds.termination import TerminationReason as R
+from rlgw.scaffolds.terminus import Terminus2Scaffold
 from tests.scaffolds.helpers import ctx, log
 
 

@@ -1,0 +1,244 @@
+"""The gateway's HTTP contract with a scripted engine: errors, auth, policies, atomic turns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support.fault_engine import FaultEngine, fault_engine
+from tests.support.procs import free_port, rlgw_process
+
+KEYS = "team-a:key-a-0123456789,team-b:key-b-0123456789"
+A = {"Authorization": "Bearer key-a-0123456789"}
+B = {"Authorization": "Bearer key-b-0123456789"}
+
+
+@pytest.fixture(scope="module")
+def fe(tiny_qwen3: Path) -> Iterator[FaultEngine]:
+    with fault_engine(tiny_qwen3) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def gw(fe: FaultEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    data = tmp_path_factory.mktemp("store")
+    args = [
+        "serve",
+        "--engine-url",
+        fe.url,
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data),
+        "--context-length",
+        "256",
+    ]
+    with rlgw_process(args, "/health", port, env={"RLGW_TENANT_KEYS": KEYS}) as url:
+        yield url
+
+
+@pytest.fixture(autouse=True)
+def _reset(fe: FaultEngine) -> None:
+    fe.script.clear()
+    fe.calls.clear()
+
+
+def session(gw: str, headers: dict = A, **body: Any) -> dict[str, Any]:
+    r = httpx.post(gw + "/v1/sessions", json={"task_id": "t", **body}, headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def client(s: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+
+
+def info(gw: str, sid: str, headers: dict = A) -> dict[str, Any]:
+    return httpx.get(gw + f"/v1/sessions/{sid}", headers=headers).json()
+
+
+def finish(gw: str, sid: str, headers: dict = A, **body: Any) -> dict[str, Any]:
+    r = httpx.post(gw + f"/v1/sessions/{sid}/finish", json={"reward": 1.0, **body}, headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"n": 2}, "n > 1"),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": []}, "tool_choice"),
+        ({"temperature": 7}, "temperature"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+    ],
+)
+def test_unsupported_or_invalid_requests_are_openai_400s(gw: str, extra: dict, message: str) -> None:
+    s = session(gw)
+    with pytest.raises(openai.BadRequestError) as err:
+        client(s).chat.completions.create(model="m", messages=USER, **extra)
+    assert err.value.status_code == 400
+    assert message in err.value.body["message"]
+    assert info(gw, s["session_id"])["tokens"] == 0
+
+
+def test_bad_bodies_and_parts(gw: str) -> None:
+    s = session(gw)
+    url = s["base_url"] + "/chat/completions"
+    auth = {"Authorization": f"Bearer {s['api_key']}"}
+    r = httpx.post(url, content=b"{not json", headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    r = httpx.post(url, json={"messages": image}, headers=auth)
+    assert r.status_code == 400 and "image_url" in r.json()["error"]["message"]
+    r = httpx.post(url, json={"messages": [{"role": "wizard", "content": "x"}]}, headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
+    # Unknown fields real clients send are ignored.
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    r = httpx.post(url, json={"messages": parts, "user": "x", "store": False, "metadata": {}}, headers=auth)
+    assert r.status_code == 200, r.text
+
+
+def test_tenants_and_keys(gw: str) -> None:
+    assert httpx.post(gw + "/v1/sessions", json={"task_id": "t"}).status_code == 401
+    bad = {"Authorization": "Bearer key-a-0123456788"}
+    assert httpx.post(gw + "/v1/sessions", json={"task_id": "t"}, headers=bad).status_code == 401
+    s = session(gw, A)
+    sid = s["session_id"]
+    assert httpx.get(gw + f"/v1/sessions/{sid}", headers=B).status_code == 404
+    assert httpx.post(gw + f"/v1/sessions/{sid}/finish", json={}, headers=B).status_code == 404
+    assert httpx.delete(gw + f"/v1/sessions/{sid}", headers=B).status_code == 404
+    # The session key works on /v1 without the id; a wrong key does not; the path needs a key here.
+    ok = openai.OpenAI(base_url=gw + "/v1", api_key=s["api_key"], max_retries=0)
+    assert ok.chat.completions.create(model="m", messages=USER).choices[0].message.content == "Hello there."
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=gw + "/v1", api_key="sk-nope", max_retries=0).models.list()
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=s["base_url"], api_key="sk-nope", max_retries=0).models.list()
+    summary = finish(gw, sid)
+    assert len(summary["samples"]) == 1
+    cursor = summary["samples"][0]["cursor"]
+    assert httpx.get(gw + f"/v1/trajectories/{cursor}", headers=A).status_code == 200
+    assert httpx.get(gw + f"/v1/trajectories/{cursor}", headers=B).status_code == 404
+    assert f'"cursor":{cursor},' not in httpx.get(gw + "/v1/trajectories?limit=1000", headers=B).text
+
+
+def test_failed_turns_leave_the_ledger_as_it_was(gw: str, fe: FaultEngine) -> None:
+    s = session(gw)
+    c = client(s)
+    c.chat.completions.create(model="m", messages=USER)
+    before = info(gw, s["session_id"])
+    history = [*USER, {"role": "assistant", "content": "Hello there."}, {"role": "user", "content": "more"}]
+    for fault, error in (("500", openai.InternalServerError), ("abort", openai.APIStatusError)):
+        fe.script[:] = [fault]
+        with pytest.raises(error):
+            c.chat.completions.create(model="m", messages=history)
+        assert info(gw, s["session_id"])["tokens"] == before["tokens"]
+    fe.script[:] = ["drop"]
+    with pytest.raises(openai.APIError):
+        for _ in c.chat.completions.create(model="m", messages=history, stream=True):
+            pass
+    after = info(gw, s["session_id"])
+    assert after["tokens"] == before["tokens"] and after["failed_turns"] == 3
+    c.chat.completions.create(model="m", messages=history)
+    summary = finish(gw, s["session_id"])
+    assert summary["segments"] == 1 and summary["rejects"] == []
+    assert summary["samples"][0]["trainable_tokens"] == 2 * len(fe.reply)
+
+
+def test_context_length_exceeded_is_openais_error_and_the_termination_reason(gw: str) -> None:
+    s = session(gw)
+    long = [{"role": "user", "content": "word " * 400}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client(s).chat.completions.create(model="m", messages=long)
+    assert err.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:
+        client(s).chat.completions.create(model="m", messages=USER, max_tokens=1000)
+    assert err.value.code == "context_length_exceeded"
+    summary = finish(gw, s["session_id"])
+    assert summary["termination_reason"] == "context_length_exceeded"
+    assert summary["rejects"] == [
+        {"segment": 0, "reason": "empty", "detail": "segment has no generated turn"}
+    ]
+
+
+def _rewrite(c: openai.OpenAI) -> None:
+    c.chat.completions.create(model="m", messages=USER)
+    summary = [{"role": "user", "content": "(summary of earlier work)"}, {"role": "user", "content": "go on"}]
+    c.chat.completions.create(model="m", messages=summary)
+
+
+def test_policy_segment_opens_a_new_sample_with_its_cause(gw: str) -> None:
+    s = session(gw, policy="segment")
+    _rewrite(client(s))
+    summary = finish(gw, s["session_id"])
+    assert summary["segments"] == 2 and len(summary["samples"]) == 2
+    doc = httpx.get(gw + f"/v1/trajectories/{summary['samples'][1]['cursor']}", headers=A).json()
+    assert doc["metadata"]["segment_cause"] == "history rewritten at message 0 (role 'user')"
+    assert doc["rollout_id"] == s["rollout_id"]
+
+
+def test_policy_passthrough_serves_on_and_rejects_the_samples(gw: str) -> None:
+    s = session(gw, policy="passthrough")
+    _rewrite(client(s))
+    assert info(gw, s["session_id"])["capturing"] is False
+    summary = finish(gw, s["session_id"])
+    assert summary["samples"] == [] and summary["rejects"][0]["reason"] == "capture_invalid"
+
+
+def test_policy_refuse_answers_409_and_changes_nothing(gw: str) -> None:
+    s = session(gw, policy="refuse")
+    with pytest.raises(openai.ConflictError):
+        _rewrite(client(s))
+    summary = finish(gw, s["session_id"])
+    assert summary["segments"] == 1 and len(summary["samples"]) == 1
+
+
+def test_a_retried_request_replaces_the_turn(gw: str, fe: FaultEngine) -> None:
+    s = session(gw)
+    c = client(s)
+    c.chat.completions.create(model="m", messages=USER)
+    c.chat.completions.create(model="m", messages=USER)  # the agent lost the reply and retried
+    assert info(gw, s["session_id"])["turns"] == 2
+    summary = finish(gw, s["session_id"])
+    assert summary["segments"] == 1 and summary["samples"][0]["trainable_tokens"] == len(fe.reply)
+
+
+def test_finish_is_idempotent_and_closes_the_session(gw: str) -> None:
+    s = session(gw)
+    client(s).chat.completions.create(model="m", messages=USER)
+    first = finish(gw, s["session_id"])
+    assert finish(gw, s["session_id"], reward=0.0) == first
+    with pytest.raises(openai.ConflictError):
+        client(s).chat.completions.create(model="m", messages=USER)
+
+
+def test_delete_forgets_the_session(gw: str) -> None:
+    s = session(gw)
+    assert httpx.delete(gw + f"/v1/sessions/{s['session_id']}", headers=A).status_code == 200
+    assert httpx.get(gw + f"/v1/sessions/{s['session_id']}", headers=A).status_code == 404
+
+
+def test_completions_extend_the_text_and_record_one_series(gw: str, fe: FaultEngine) -> None:
+    s = session(gw)
+    c = client(s)
+    first = c.completions.create(model="m", prompt="Once upon a time")
+    assert first.choices[0].text == "Hello there."
+    c.completions.create(model="m", prompt="Once upon a time" + first.choices[0].text + " And then")
+    summary = finish(gw, s["session_id"])
+    assert summary["segments"] == 1 and summary["samples"][0]["trainable_tokens"] == 2 * len(fe.reply)
+    streamed = "".join(
+        ch.choices[0].text
+        for ch in client(session(gw)).completions.create(model="m", prompt="x", stream=True)
+        if ch.choices
+    )
+    assert streamed == "Hello there."

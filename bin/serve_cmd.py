@@ -44,7 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--data-dir", type=Path, default=None, help="trajectory store dir (default: ~/.local/share/rlgw)"
     )
     p.add_argument("--tokenizer", help="tokenizer dir (default: the engine's tokenizer_path)")
-    p.add_argument("--chat-template", type=Path, help="a Jinja chat template file overriding the tokenizer's")
+    p.add_argument(
+        "--chat-template", help="a Jinja chat template (file path or text) overriding the tokenizer's"
+    )
     p.add_argument(
         "--tool-parser", default="auto", choices=["auto", "none", "hermes", "qwen25", "qwen", "qwen3_coder"]
     )
@@ -55,6 +57,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="segment",
         choices=["segment", "passthrough", "refuse"],
         help="when an agent rewrites history: open a new segment, stop capturing, or answer 409",
+    )
+    p.add_argument(
+        "--allow-template-mismatch",
+        action="store_true",
+        help="start even if the template probe finds increments that differ from full renders",
     )
     p.add_argument("--public-url", help="base URL agents reach this gateway at (for session base_url)")
     p.add_argument("--served-model-name", help="model name reported to agents")
@@ -143,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             public_url=args.public_url,
             default_policy=Policy(args.policy),
             served_model_name=args.served_model_name,
+            allow_template_mismatch=args.allow_template_mismatch,
         )
         print(f"rlgw serve: gateway on http://{args.host}:{args.port} (engine {engine_url})", file=sys.stderr)
         uvicorn.run(

@@ -26,7 +26,7 @@ from rlgw.gateway.chat import ModelProfile
 from rlgw.gateway.errors import UpstreamError, install_error_handlers, json_response
 from rlgw.gateway.ledger import Policy
 from rlgw.gateway.reasoning import detect_reasoning
-from rlgw.gateway.render import ChatRenderer, TemplateConfig
+from rlgw.gateway.render import ChatRenderer, TemplateConfig, read_chat_template
 from rlgw.gateway.sessions import SessionTable
 from rlgw.gateway.store import TrajectoryStore
 from rlgw.gateway.template_probe import probe_template
@@ -43,7 +43,7 @@ class GatewayConfig:
     engine_url: str
     data_dir: Path
     tokenizer: str | None = None  # default: the engine's tokenizer_path
-    chat_template: Path | None = None  # a Jinja file overriding the tokenizer's template
+    chat_template: str | None = None  # a Jinja file (or text) overriding the tokenizer's template
     tool_parser: str = "auto"
     reasoning_parser: str = "auto"
     context_length: int | None = None  # default: from the engine or the model config
@@ -52,6 +52,8 @@ class GatewayConfig:
     default_policy: Policy = Policy.SEGMENT
     served_model_name: str | None = None
     engine_wait: float = 600.0  # seconds to wait for the engine at start-up
+    # Start even when the template probe finds that increments differ from full renders.
+    allow_template_mismatch: bool = False
 
 
 async def _engine_info(backend: SGLangBackend, wait: float) -> dict[str, Any]:
@@ -87,7 +89,7 @@ def build_profile(config: GatewayConfig, info: dict[str, Any]) -> ModelProfile:
     if not tok_path:
         raise UpstreamError("the engine's /model_info names no tokenizer_path: pass --tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(tok_path)
-    template = config.chat_template.read_text() if config.chat_template else None
+    template = read_chat_template(config.chat_template) if config.chat_template else None
     renderer = ChatRenderer(tokenizer, TemplateConfig(chat_template=template))
     template_text = template or tokenizer.chat_template or ""
     if config.tool_parser == "auto":
@@ -122,6 +124,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
             info = await _engine_info(backend, config.engine_wait)
             profile = await asyncio.to_thread(build_profile, config, info)
             report = probe_template(profile.renderer)
+            if not report.increment_matches_full_render and not config.allow_template_mismatch:
+                raise RuntimeError(
+                    "the chat template cannot be rendered incrementally without changing what the model "
+                    f"would see ({report.summary()}); fix the template (--chat-template) or start with "
+                    "--allow-template-mismatch"
+                )
             app.state.backend = backend
             app.state.profile = profile
             app.state.vocab_size = len(profile.tokenizer)

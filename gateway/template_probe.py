@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgw.gateway.render import ChatRenderer
+from rlgw.gateway.errors import InvalidRequest
+from rlgw.gateway.render import ChatRenderer, TemplateIncompatible
 
 _TOOLS = [
     {
@@ -112,8 +113,20 @@ class ProbeReport:
 
 
 def probe_template(renderer: ChatRenderer) -> ProbeReport:
-    """Run the synthetic conversation through `renderer` and report the template's behaviour."""
+    """Run the synthetic conversation through `renderer` and report the template's behaviour.
+
+    A template that refuses the probe conversation (no tool role, say) yields a report whose
+    `increment_matches_full_render` is False and whose notes say why.
+    """
     started = time.perf_counter()
+    try:
+        return _probe(renderer, started)
+    except (InvalidRequest, TemplateIncompatible) as e:
+        note = f"the template failed on the probe conversation: {e}"
+        return ProbeReport(False, False, False, False, elapsed_s=time.perf_counter() - started, notes=[note])
+
+
+def _probe(renderer: ChatRenderer, started: float) -> ProbeReport:
     conv, tools = _CONVERSATION, _TOOLS
     notes: list[str] = []
 

@@ -27,6 +27,7 @@ from rlgw.sync import checkpoint as ck
 from rlgw.sync.errors import CheckpointError, DigestMismatch, VersionError
 from rlgw.sync.fileio import (
     CHUNK,
+    Progress,
     default_workers,
     open_output,
     pread_into,
@@ -101,6 +102,7 @@ def write_delta_version(
     level: int = 1,
     durable: bool = True,
     workers: int | None = None,
+    progress: Progress | None = None,
 ) -> ck.VersionIndex:
     """Publish atomically the delta from the state described by `base` to the new tensors in `pairs`.
 
@@ -120,7 +122,7 @@ def write_delta_version(
         new, old = pair
         return encode_tensor(new, old, base.tensors[new.name].digest, encoding, level)
 
-    deltas = run_parallel(one, pairs, workers or default_workers())
+    deltas = run_parallel(one, pairs, workers or default_workers(), progress, lambda p: p[0].data.size)
     with ck.atomic_dir(root / ck.version_dirname(version), durable=durable) as tmp:
         stored = [(d.name, "U8", (len(d.payload),), d.payload) for d in deltas if d.payload is not None]
         write_file(tmp / DELTA_FILE, stored, {"format": ck.FORMAT, "encoding": encoding}, fsync=durable)
@@ -181,7 +183,9 @@ class _OverwritePatch:
         pass
 
 
-def apply_delta(base_dir: Path, delta_dir: Path, out_dir: Path, workers: int | None = None) -> ck.VersionIndex:
+def apply_delta(
+    base_dir: Path, delta_dir: Path, out_dir: Path, workers: int | None = None, progress: Progress | None = None
+) -> ck.VersionIndex:
     """Write into the empty directory `out_dir` the full version that results from `delta_dir` on `base_dir`.
 
     Refuses (before writing anything) a delta whose base version or per-tensor base digests differ
@@ -255,7 +259,7 @@ def apply_delta(base_dir: Path, delta_dir: Path, out_dir: Path, workers: int | N
             if got != rec.digest:
                 raise DigestMismatch(f"v{delta.version}: tensor {name!r} digest {got} after patch != recorded {rec.digest}")
 
-        run_parallel(one, jobs, workers or default_workers())
+        run_parallel(one, jobs, workers or default_workers(), progress, lambda j: j[4])
     finally:
         for fd in fds:
             os.close(fd)

@@ -55,13 +55,37 @@ def pwrite_all(fd: int, buf: np.ndarray | memoryview | bytes, offset: int) -> No
         offset += n
 
 
-def run_parallel(fn: Callable[[T], R], items: Iterable[T], workers: int) -> list[R]:
-    """`[fn(x) for x in items]` on `workers` threads (in order); the first exception propagates."""
+Progress = Callable[[int], None]
+
+
+def run_parallel(
+    fn: Callable[[T], R],
+    items: Iterable[T],
+    workers: int,
+    progress: Progress | None = None,
+    size: Callable[[T], int] | None = None,
+) -> list[R]:
+    """`[fn(x) for x in items]` on `workers` threads (in order); the first exception propagates.
+
+    `progress(size(x))` is called (on the caller's thread) as each item completes.
+    """
     items = list(items)
     if workers <= 1 or len(items) <= 1:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlgw-sync") as pool:
-        return list(pool.map(fn, items))
+        pool_map = map
+        pool = None
+    else:
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlgw-sync")
+        pool_map = pool.map
+    try:
+        out = []
+        for item, result in zip(items, pool_map(fn, items), strict=True):
+            out.append(result)
+            if progress is not None and size is not None:
+                progress(size(item))
+        return out
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
 
 
 def default_workers() -> int:

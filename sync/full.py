@@ -17,7 +17,7 @@ import numpy as np
 
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.errors import CheckpointError, DigestMismatch
-from rlgw.sync.fileio import default_workers, open_output, pread_into, pwrite_all, run_parallel, stream_tensor
+from rlgw.sync.fileio import Progress, default_workers, open_output, pread_into, pwrite_all, run_parallel, stream_tensor
 from rlgw.sync.stfile import SafetensorsFile, build_header, nbytes_of
 
 DEFAULT_SHARD_BYTES = 4 << 30
@@ -67,6 +67,7 @@ def write_full_version(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     durable: bool = True,
     workers: int | None = None,
+    progress: Progress | None = None,
 ) -> ck.VersionIndex:
     """Publish `tensors` atomically as the full version `root/weight_v{version}`; returns its index.
 
@@ -98,7 +99,7 @@ def write_full_version(
                 pwrite_all(fd, t.data, off)
                 return t.name, ck.TensorRecord(t.dtype, t.shape, ck.digest(t.data), "raw", fname)
 
-            records = dict(run_parallel(write_one, jobs, workers or default_workers()))
+            records = dict(run_parallel(write_one, jobs, workers or default_workers(), progress, lambda j: j[2].data.size))
         finally:
             for fd in fds:
                 os.close(fd)
@@ -115,7 +116,9 @@ def _check_full(index: ck.VersionIndex, where: Path) -> None:
         raise CheckpointError(f"{where}: v{index.version} is a {index.kind} version, not a full one")
 
 
-def copy_verified(src: Path, dst: Path | None, workers: int | None = None) -> ck.VersionIndex:
+def copy_verified(
+    src: Path, dst: Path | None, workers: int | None = None, progress: Progress | None = None
+) -> ck.VersionIndex:
     """Hash every tensor of the full version `src` against its index, copying it to `dst` when given.
 
     `dst` must not exist yet; the caller publishes it (rename) once this returns. Raises
@@ -156,7 +159,7 @@ def copy_verified(src: Path, dst: Path | None, workers: int | None = None) -> ck
             if got != index.tensors[name].digest:
                 raise DigestMismatch(f"{src}: tensor {name!r} digest {got} != recorded {index.tensors[name].digest}")
 
-        run_parallel(one, jobs, workers or default_workers())
+        run_parallel(one, jobs, workers or default_workers(), progress, lambda j: j[3])
     finally:
         for sf, sfd, dfd in opened:
             sf.close()
@@ -169,6 +172,6 @@ def copy_verified(src: Path, dst: Path | None, workers: int | None = None) -> ck
     return index
 
 
-def verify_version(path: Path, workers: int | None = None) -> ck.VersionIndex:
+def verify_version(path: Path, workers: int | None = None, progress: Progress | None = None) -> ck.VersionIndex:
     """Hash every tensor of the full version at `path` against its index (no copy)."""
-    return copy_verified(path, None, workers)
+    return copy_verified(path, None, workers, progress)

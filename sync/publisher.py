@@ -20,6 +20,7 @@ import torch
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.delta import ENCODINGS, write_delta_version
 from rlgw.sync.errors import VersionError
+from rlgw.sync.fileio import Progress
 from rlgw.sync.full import NamedBytes, verify_version, write_full_version
 from rlgw.sync.stfile import SafetensorsFile
 from rlgw.sync.tensors import named_bytes
@@ -67,9 +68,16 @@ class WeightPublisher:
         return index
 
     def publish(
-        self, state: Iterable[tuple[str, torch.Tensor]], version: int, kind: str = "auto"
+        self,
+        state: Iterable[tuple[str, torch.Tensor]],
+        version: int,
+        kind: str = "auto",
+        progress: Progress | None = None,
     ) -> ck.VersionIndex:
-        """Publish `state` as `version` (`kind`: auto, full or delta); returns the new index."""
+        """Publish `state` as `version` (`kind`: auto, full or delta); returns the new index.
+
+        `progress(nbytes)` is called as tensors complete.
+        """
         tensors = named_bytes(state)
         if self.index is not None and version <= self.index.version:
             raise VersionError(f"v{version} is not newer than the last published v{self.index.version}")
@@ -79,7 +87,8 @@ class WeightPublisher:
         t0 = time.perf_counter()
         if kind == "full":
             index = write_full_version(
-                self.root, version, tensors, aux_src=self.aux_src, durable=self.durable, workers=self.workers
+                self.root, version, tensors, aux_src=self.aux_src, durable=self.durable, workers=self.workers,
+                progress=progress,
             )
             self.last_full = version
         elif kind == "delta":
@@ -87,7 +96,8 @@ class WeightPublisher:
                 raise VersionError("no baseline: publish a full version (or seed) before a delta")
             pairs = [(t, self._baseline_of(t)) for t in tensors]
             index = write_delta_version(
-                self.root, version, self.index, pairs, self.encoding, durable=self.durable, workers=self.workers
+                self.root, version, self.index, pairs, self.encoding, durable=self.durable, workers=self.workers,
+                progress=progress,
             )
         else:
             raise ValueError(f"kind must be auto, full or delta, not {kind!r}")

@@ -25,6 +25,7 @@ from pathlib import Path
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.delta import apply_delta
 from rlgw.sync.errors import CheckpointError, VersionError
+from rlgw.sync.fileio import Progress
 from rlgw.sync.full import copy_verified, verify_version
 
 log = logging.getLogger(__name__)
@@ -95,11 +96,12 @@ def pull(
     workers: int | None = None,
     keep_local: int = 2,
     durable: bool = True,
+    progress: Progress | None = None,
 ) -> PullResult:
     """Make `target` available as a verified full directory; see the module docstring.
 
     With `local=None` the target must be a full version and is verified in place in `source`.
-    `keep_local` committed versions stay in `local` (at least 2: the target and its base, so a
+    `progress(nbytes)` is called as tensors complete. `keep_local` committed versions stay in `local` (at least 2: the target and its base, so a
     retry or a rollback never needs the network); `durable=False` skips fsync (tests, benches).
     """
     if keep_local < 2:
@@ -107,7 +109,7 @@ def pull(
     t0 = time.perf_counter()
     if local is None:
         path = source / ck.version_dirname(target)
-        index = verify_version(path, workers)
+        index = verify_version(path, workers, progress)
         return PullResult(target, path, index.checkpoint_digest, chain=[target], seconds=time.perf_counter() - t0)
     with _locked(local):
         for stale in local.glob(".tmp-weight_v*"):
@@ -134,12 +136,12 @@ def pull(
                 if start is not None:
                     stage = out if not deltas else _stage_dir(local, start.version)
                     stages.append(stage)
-                    copy_verified(start.path, stage, workers)
+                    copy_verified(start.path, stage, workers, progress)
                     base, chain = stage, [start.version]
                 for i, d in enumerate(deltas):
                     stage = out if i == len(deltas) - 1 else _stage_dir(local, d.version)
                     stages.append(stage)
-                    apply_delta(base, d.path, stage, workers)
+                    apply_delta(base, d.path, stage, workers, progress)
                     base = stage
                     chain.append(d.version)
                 _before_swap(out)

@@ -65,3 +65,14 @@ def test_template_that_depends_on_history_fails_the_probe() -> None:
     assert not report.increment_matches_full_render
     assert "INCREMENTAL RENDERING DOES NOT MATCH" in report.summary()
     assert any("differs from the full render" in n for n in report.notes)
+
+
+def test_template_refusing_the_probe_conversation_is_reported() -> None:
+    no_tools = (
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    report = probe_template(ChatRenderer(qwen3_tokenizer(), TemplateConfig(chat_template=no_tools)))
+    assert not report.increment_matches_full_render
+    assert "no tool role" in report.summary()

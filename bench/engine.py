@@ -29,41 +29,52 @@ from tests.support.procs import engine_server  # noqa: E402
 PROMPT_TEXT = "Write a short story about a robot who learns to paint. Begin with a description of its studio."
 
 
-def hf_generate_tps(path: Path, prompt: list[int], new_tokens: int, threads: int, rounds: int) -> float:
-    """Best-of-`rounds` tokens/s of plain greedy `generate` on one prompt."""
+def load_hf(path: Path, threads: int):
+    """The plain transformers model, fp32, on `threads` CPU threads."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def hf_generate_tps(model, prompt: list[int], new_tokens: int) -> float:
+    """Tokens/s of one plain greedy `generate` call on one prompt."""
+    import torch
+
     ids = torch.tensor([prompt])
-    kwargs = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
-    best = 0.0
     with torch.inference_mode():
-        model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            out = model.generate(ids, **kwargs)
-            dt = time.perf_counter() - t0
-            best = max(best, (out.shape[1] - ids.shape[1]) / dt)
-    return best
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        dt = time.perf_counter() - t0
+    return (out.shape[1] - ids.shape[1]) / dt
 
 
-async def engine_tps(url: str, prompt: list[int], new_tokens: int, concurrency: int, rounds: int) -> float:
-    """Best-of-`rounds` aggregate tokens/s with `concurrency` simultaneous greedy requests."""
+async def engine_tps(
+    client: httpx.AsyncClient, prompt: list[int], new_tokens: int, concurrency: int
+) -> float:
+    """Aggregate tokens/s with `concurrency` simultaneous greedy requests."""
     body = {
         "input_ids": prompt,
         "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True},
     }
-    best = 0.0
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*[client.post("/generate", json=body) for _ in range(concurrency)])
+    dt = time.perf_counter() - t0
+    return sum(r.json()["meta_info"]["completion_tokens"] for r in outs) / dt
+
+
+async def measure(url: str, model, prompt: list[int], args: argparse.Namespace) -> dict[str, float]:
+    """Best of `--rounds`, with generate / engine x1 / engine x8 interleaved in every round so that
+    load from other processes on the machine hits all three alike."""
+    best = {"generate": 0.0, "engine1": 0.0, "engine8": 0.0}
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        await client.post("/generate", json={**body, "sampling_params": {"max_new_tokens": 4}})  # warm-up
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            outs = await asyncio.gather(*[client.post("/generate", json=body) for _ in range(concurrency)])
-            dt = time.perf_counter() - t0
-            tokens = sum(r.json()["meta_info"]["completion_tokens"] for r in outs)
-            best = max(best, tokens / dt)
+        await engine_tps(client, prompt, 4, 1)  # warm-up
+        hf_generate_tps(model, prompt, 4)
+        for _ in range(args.rounds):
+            best["generate"] = max(best["generate"], hf_generate_tps(model, prompt, args.new_tokens))
+            best["engine1"] = max(best["engine1"], await engine_tps(client, prompt, args.new_tokens, 1))
+            best["engine8"] = max(best["engine8"], await engine_tps(client, prompt, args.new_tokens, 8))
     return best
 
 
@@ -74,17 +85,17 @@ def bench_model(name: str, path: Path, args: argparse.Namespace) -> dict[str, fl
     print(
         f"\n== {name}: {path} (prompt {len(prompt)} tokens, {args.new_tokens} new, {args.threads} thread(s))"
     )
-    gen = hf_generate_tps(path, prompt, args.new_tokens, args.threads, args.rounds)
-    print(f"  transformers generate   : {gen:8.1f} tok/s")
+    model = load_hf(path, args.threads)
     with engine_server(path, "--threads", str(args.threads), "--max-running", "8") as url:
-        one = asyncio.run(engine_tps(url, prompt, args.new_tokens, 1, args.rounds))
-        print(f"  engine, 1 request       : {one:8.1f} tok/s   {one / gen:5.2f}x generate (goal >= 1.0x)")
-        eight = asyncio.run(engine_tps(url, prompt, args.new_tokens, 8, args.rounds))
-        print(
-            f"  engine, 8 concurrent    : {eight:8.1f} tok/s   {eight / gen:5.2f}x generate (goal >= 3x), "
-            f"{eight / one:5.2f}x engine x1"
-        )
-    return {"generate": gen, "engine1": one, "engine8": eight}
+        r = asyncio.run(measure(url, model, prompt, args))
+    gen, one, eight = r["generate"], r["engine1"], r["engine8"]
+    print(f"  transformers generate   : {gen:8.1f} tok/s")
+    print(f"  engine, 1 request       : {one:8.1f} tok/s   {one / gen:5.2f}x generate (goal >= 1.0x)")
+    print(
+        f"  engine, 8 concurrent    : {eight:8.1f} tok/s   {eight / gen:5.2f}x generate (goal >= 3x), "
+        f"{eight / one:5.2f}x engine x1"
+    )
+    return r
 
 
 def tiny_model() -> Path:
@@ -120,14 +131,12 @@ def main() -> int:
         else:
             results["smollm2"] = bench_model("SmolLM2-135M-Instruct", path, args)
 
-    print(
-        "\nsummary (tok/s): "
-        + "; ".join(
-            f"{k}: generate {v['generate']:.0f}, engine x1 {v['engine1']:.0f} ({v['engine1'] / v['generate']:.2f}x), "
-            f"x8 {v['engine8']:.0f} ({v['engine8'] / v['generate']:.2f}x)"
-            for k, v in results.items()
+    for k, v in results.items():
+        print(
+            f"summary {k}: generate {v['generate']:.0f} tok/s, engine x1 {v['engine1']:.0f} tok/s "
+            f"({v['engine1'] / v['generate']:.2f}x), engine x8 {v['engine8']:.0f} tok/s "
+            f"({v['engine8'] / v['generate']:.2f}x)"
         )
-    )
     geo = statistics.geometric_mean([v["engine8"] / v["engine1"] for v in results.values()])
     print(f"batching gain x8/x1 (geometric mean over models): {geo:.2f}x")
     return 0

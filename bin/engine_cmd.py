@@ -43,11 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import os
 
-    import uvicorn
-
-    from rlgw.engine.core import Engine, EngineConfig
     from rlgw.engine.models import ModelResolutionError, resolve_model
-    from rlgw.engine.server import create_app
 
     log = logging.getLogger("rlgw.engine")
     for name, value in (
@@ -61,6 +57,13 @@ def run(args: argparse.Namespace) -> int:
         path = resolve_model(args.model)
     except ModelResolutionError as exc:
         raise SystemExit(f"rlgw engine: {exc}") from None
+
+    # Heavy imports (torch, transformers) only once the model is known to exist.
+    import uvicorn
+
+    from rlgw.engine.core import Engine, EngineConfig
+    from rlgw.engine.server import create_app
+
     original = args.return_original_logprob or os.environ.get(
         "SGLANG_RETURN_ORIGINAL_LOGPROB", ""
     ).lower() in (

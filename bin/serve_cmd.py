@@ -63,6 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="start even if the template probe finds increments that differ from full renders",
     )
+    p.add_argument(
+        "--session-ttl", type=float, default=6 * 3600.0, help="seconds after which an idle session is dropped"
+    )
     p.add_argument("--public-url", help="base URL agents reach this gateway at (for session base_url)")
     p.add_argument("--served-model-name", help="model name reported to agents")
     p.add_argument(
@@ -151,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             default_policy=Policy(args.policy),
             served_model_name=args.served_model_name,
             allow_template_mismatch=args.allow_template_mismatch,
+            session_ttl=args.session_ttl,
         )
         print(f"rlgw serve: gateway on http://{args.host}:{args.port} (engine {engine_url})", file=sys.stderr)
         uvicorn.run(

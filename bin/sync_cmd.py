@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-def _bar(total: int, desc: str):
+def _bar(total: int | None, desc: str):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, mininterval=1.0)
@@ -115,7 +115,7 @@ def _publish(args: argparse.Namespace) -> int:
         state = {}
         for f in sorted(source.glob("*.safetensors")):
             with safe_open(str(f), framework="pt") as sf:
-                for name in sf.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                for name in sf.keys():
                     state[name] = sf.get_tensor(name)
         if not state:
             raise VersionError(f"{source} has no *.safetensors files")
@@ -130,7 +130,6 @@ def _apply(args: argparse.Namespace) -> int:
     import asyncio
     from pathlib import Path
 
-    from rlgw.sync import checkpoint as ck
     from rlgw.sync.client import SyncClient
     from rlgw.sync.pull import pull
 
@@ -140,8 +139,8 @@ def _apply(args: argparse.Namespace) -> int:
         if local is None:
             print("rlgw sync apply: give --engine URLs, or --local-dir to prefetch on this host")
             return 2
-        total = ck.read_index(root / ck.version_dirname(args.version)).total_size
-        with _bar(total, f"apply v{args.version}") as bar:
+        # The chain (one full copy and N deltas) is planned inside pull: bytes done, no total.
+        with _bar(None, f"apply v{args.version}") as bar:
             result = pull(root, args.version, local, progress=bar.update)
         state = "already there" if result.already else f"via {result.chain}"
         print(f"{result.path}: v{result.version} {state}, digest {result.checkpoint_digest}")
@@ -171,7 +170,8 @@ def _print_status(client, version: str | None, digest: str | None, live: bool) -
     print(f"{'engine':40s} {'version':>10s}  {'checkpoint digest':32s}  {'live digest':32s}")
     for s in statuses:
         print(
-            f"{s.url:40s} {s.weight_version or '-':>10s}  {s.checkpoint_digest or '-':32s}  {s.live_digest or s.error or '-':32s}"
+            f"{s.url:40s} {s.weight_version or '-':>10s}  {s.checkpoint_digest or '-':32s}  "
+            f"{s.live_digest or s.error or '-':32s}"
         )
     problems = fleet_problems(statuses, version, digest)
     for p in problems:

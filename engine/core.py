@@ -156,6 +156,7 @@ class _Batch:
         self.reqs: list[Request] = []
         self.cache = None  # DynamicCache of [B, heads, T, head_dim] per layer
         self.mask = torch.zeros((0, 0), dtype=torch.long)
+        self.padded = False  # some row has left padding: the forward needs the mask
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -175,6 +176,7 @@ class _Batch:
             mine.keys = _cat_padded(mine.keys, theirs.keys, width)
             mine.values = _cat_padded(mine.values, theirs.values, width)
         self.mask = _cat_padded(self.mask, torch.ones((1, new_len), dtype=torch.long), width, dim=1)
+        self.padded = bool((self.mask == 0).any())
         self.reqs.append(req)
 
     def keep(self, keep_rows: list[int]) -> None:
@@ -188,6 +190,7 @@ class _Batch:
         mask = self.mask.index_select(0, index)
         first = int(mask.any(dim=0).to(torch.int8).argmax())
         self.mask = mask[:, first:]
+        self.padded = bool((self.mask == 0).any())
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(0, index)[:, :, first:]
             layer.values = layer.values.index_select(0, index)[:, :, first:]
@@ -294,13 +297,8 @@ class Engine:
     def load_stats(self) -> dict[str, int]:
         """Queue and batch sizes."""
         with self._cond:
-            return {
-                "num_waiting": len(self._waiting),
-                "num_running": len(self._batch) + self._pending_count(),
-            }
-
-    def _pending_count(self) -> int:
-        return sum(1 for r in self._by_rid.values() if r.phase is Phase.RUNNING and r.kv is not None)
+            running = sum(1 for r in self._by_rid.values() if r.phase is Phase.RUNNING)
+            return {"num_waiting": len(self._waiting), "num_running": running}
 
     # -- submission and abort ----------------------------------------------------------------------
 
@@ -570,7 +568,9 @@ class Engine:
         if self._batch:
             self._decode()
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor, cache
+    ) -> torch.Tensor:
         kwargs = {self._cache_kwarg: cache}
         out = self._base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
         return out.last_hidden_state
@@ -584,7 +584,7 @@ class Engine:
         seq = req.input_ids + req.output_ids[:-1] if not fresh else req.input_ids
         ids = torch.tensor([seq], dtype=torch.long)
         cache = _new_cache()
-        hidden = self._forward(ids, torch.ones_like(ids), torch.arange(len(seq)).unsqueeze(0), cache)
+        hidden = self._forward(ids, None, torch.arange(len(seq)).unsqueeze(0), cache)
         req.kv = cache
         if not fresh:
             return
@@ -621,7 +621,8 @@ class Engine:
         ids = torch.tensor([[r.output_ids[-1]] for r in batch.reqs], dtype=torch.long)
         pos = torch.tensor([[r.seq_len - 1] for r in batch.reqs], dtype=torch.long)
         batch.mask = torch.cat([batch.mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1)
-        hidden = self._forward(ids, batch.mask, pos, batch.cache)
+        # Without padding the mask is all ones: let the model take its plain causal path.
+        hidden = self._forward(ids, batch.mask if batch.padded else None, pos, batch.cache)
         logits = self._lm_head(hidden[:, -1]).float()
         self._sample_and_advance(batch.reqs, logits)
         keep = [i for i, r in enumerate(batch.reqs) if r.phase is Phase.RUNNING]
@@ -635,8 +636,8 @@ class Engine:
             if len(r.output_ids) < r.params.min_new_tokens:
                 suppress = self._stop_ids(r)
             rows.append(SamplerRow(r.params, r.generator, r.output_ids, suppress))
-        ids, logprobs = sample(logits, rows, self.config.original_logprob)
         need_lp = [i for i, r in enumerate(reqs) if r.return_logprob]
+        ids, logprobs = sample(logits, rows, self.config.original_logprob, need_logprobs=bool(need_lp))
         chosen = (
             logprobs[torch.tensor(need_lp), torch.tensor([ids[i] for i in need_lp])].tolist()
             if need_lp
@@ -778,9 +779,9 @@ def _check_supported(model) -> None:
     cfg = model.config
     for attr in ("final_logit_softcapping", "logit_scale"):
         if getattr(cfg, attr, None) not in (None, 1.0):
-            raise RequestError(f"models with {attr} are not supported by the embedded engine")
+            raise EngineError(f"models with {attr} are not supported by the embedded engine")
     if model.get_output_embeddings() is None:
-        raise RequestError("the model has no output embeddings (lm_head): not a causal LM")
+        raise EngineError("the model has no output embeddings (lm_head): not a causal LM")
 
 
 def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:

@@ -123,6 +123,11 @@ def convert_gguf(gguf: Path, target: Path) -> None:
             model = AutoModelForCausalLM.from_pretrained(
                 str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
             )
+        # transformers de-quantizes GGUF into plain fp32 tensors but keeps a GGUF "quantizer"
+        # that refuses to serialize; the weights are ordinary, so drop that marker before saving.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         with _heartbeat("step 3/3: writing safetensors + tokenizer"):
             model.save_pretrained(tmp, safe_serialization=True)
             tok.save_pretrained(tmp)

@@ -287,14 +287,17 @@ def _filtered_probs(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 
 def sample(
-    logits: torch.Tensor, rows: list[SamplerRow], original_logprob: bool = False
-) -> tuple[list[int], torch.Tensor]:
+    logits: torch.Tensor, rows: list[SamplerRow], original_logprob: bool = False, need_logprobs: bool = True
+) -> tuple[list[int], torch.Tensor | None]:
     """Sample one token per row of `logits` [B, V] (fp32).
 
     Returns the sampled ids and the [B, V] log-probabilities that the returned/recorded logprobs are
-    read from (see the module docstring for which distribution that is).
+    read from (see the module docstring for which distribution that is); None when no row samples
+    and `need_logprobs` is False (an all-greedy batch that records nothing skips the softmax).
     """
     adjusted = _adjust(logits, rows)
+    if not need_logprobs and all(r.params.greedy for r in rows):
+        return adjusted.argmax(dim=-1).tolist(), None
     temps = torch.tensor(
         [1.0 if r.params.greedy else r.params.temperature for r in rows], dtype=adjusted.dtype
     ).unsqueeze(1)

@@ -58,7 +58,9 @@ def _state(request: Request) -> SyncState:
 
 def _reply(success: bool, message: str, status: int | None = None, **extra: Any) -> Response:
     body = {"success": success, "message": message, **extra}
-    return Response(orjson.dumps(body), status_code=status or (200 if success else 400), media_type="application/json")
+    return Response(
+        orjson.dumps(body), status_code=status or (200 if success else 400), media_type="application/json"
+    )
 
 
 class _Body(BaseModel):
@@ -106,7 +108,9 @@ async def pull_weights(request: Request) -> Response:
     async with st.lock:
         local = Path(body.local_checkpoint_dir) if body.local_checkpoint_dir else None
         try:
-            result = await asyncio.to_thread(pull, Path(body.source_dir), target, local, None, 2, body.durable)
+            result = await asyncio.to_thread(
+                pull, Path(body.source_dir), target, local, None, 2, body.durable
+            )
         except WeightSyncError as exc:
             log.warning("pull refused", extra={"fields": {"target": target, "error": str(exc)}})
             return _reply(False, f"{type(exc).__name__}: {exc}", weight_version=engine.weight_version)
@@ -131,7 +135,13 @@ async def pull_weights(request: Request) -> Response:
         st.checkpoint_dir, st.checkpoint_digest = str(result.path), result.checkpoint_digest
         log.info(
             "pulled and reloaded weights",
-            extra={"fields": {"version": target, "chain": result.chain, "reload_s": round(time.perf_counter() - t0, 3)}},
+            extra={
+                "fields": {
+                    "version": target,
+                    "chain": result.chain,
+                    "reload_s": round(time.perf_counter() - t0, 3),
+                }
+            },
         )
         return _reply(
             True,
@@ -202,6 +212,8 @@ async def update_weights_from_distributed(request: Request) -> Response:
     group = st.groups.get(body.group_name)
     if group is None:
         return _reply(False, f"no weight update group {body.group_name!r}; call /init_weights_update_group")
+    if body.group_name not in st.staged:
+        group.begin_transfer()  # the previous transfer was applied or dropped: reuse its buffers
     try:
         received = []
         if body.names:
@@ -276,7 +288,9 @@ async def update_weights_from_tensor(request: Request) -> Response:
             return _reply(False, f"{type(exc).__name__}: {exc}", weight_version=engine.weight_version)
         st = _state(request)
         st.checkpoint_dir = st.checkpoint_digest = None
-    return _reply(True, f"Succeeded to update {len(manifest['tensors'])} tensors.", weight_version=engine.weight_version)
+    return _reply(
+        True, f"Succeeded to update {len(manifest['tensors'])} tensors.", weight_version=engine.weight_version
+    )
 
 
 def live_digest(model: torch.nn.Module) -> str:

@@ -52,6 +52,7 @@ class GatewayConfig:
     default_policy: Policy = Policy.SEGMENT
     served_model_name: str | None = None
     engine_wait: float = 600.0  # seconds to wait for the engine at start-up
+    session_ttl: float = 6 * 3600.0  # forget sessions idle this long (nothing is stored for them)
     # Start even when the template probe finds that increments differ from full renders.
     allow_template_mismatch: bool = False
 
@@ -113,6 +114,20 @@ def build_profile(config: GatewayConfig, info: dict[str, Any]) -> ModelProfile:
     )
 
 
+async def _sweep_sessions(app: FastAPI, ttl: float) -> None:
+    """Forget sessions idle longer than `ttl`: an agent that died must not hold memory forever."""
+    while True:
+        await asyncio.sleep(min(60.0, ttl / 4))
+        for session in app.state.sessions.expired(ttl):
+            app.state.sessions.remove(session.id)
+            log.warning(
+                "idle session dropped",
+                extra={
+                    "fields": {"session": session.id, "task": session.task_id, "finished": session.finished}
+                },
+            )
+
+
 def create_app(config: GatewayConfig) -> FastAPI:
     """The gateway as an ASGI app; start-up needs the engine to answer `/model_info`."""
 
@@ -149,7 +164,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
                     }
                 },
             )
+            sweeper = asyncio.create_task(_sweep_sessions(app, config.session_ttl))
             yield
+            sweeper.cancel()
         finally:
             await backend.aclose()
             await store.close()

@@ -128,6 +128,7 @@ def _finish(result: GenerationResult) -> str:
 
 async def _turn(request: Request, session: Session) -> Response:
     state = request.app.state
+    session.last_active = time.monotonic()
     profile: ModelProfile = state.profile
     req = CompletionRequest.model_validate(await parse_body(request))
     _check(req)

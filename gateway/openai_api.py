@@ -8,6 +8,7 @@ does not use are ignored; fields it cannot honour are a 400, never a silent chan
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -192,6 +193,7 @@ async def sse_stream(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]])
 async def chat_completions(request: Request, session: Session) -> Response:
     """Serve one chat turn for `session` (streamed or not)."""
     state = request.app.state
+    session.last_active = time.monotonic()
     params = chat_params(ChatCompletionRequest.model_validate(await parse_body(request)))
     if not params.stream:
         doc = await run_turn(state.backend, state.profile, session, params)

@@ -41,6 +41,7 @@ class Session:
     metadata: dict[str, Any]
     sampling: dict[str, Any]
     created_at: float = field(default_factory=time.time)
+    last_active: float = field(default_factory=time.monotonic)
     ledger: Ledger | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     finished: bool = False
@@ -145,6 +146,12 @@ class SessionTable:
         if key is not None:
             self._keys.remove(key)
         return s
+
+    def expired(self, idle_seconds: float) -> list[Session]:
+        """Sessions not used for `idle_seconds` (finished ones included), oldest first."""
+        cutoff = time.monotonic() - idle_seconds
+        stale = [s for s in self._sessions.values() if s.last_active < cutoff and not s.lock.locked()]
+        return sorted(stale, key=lambda s: s.last_active)
 
     def __len__(self) -> int:
         return len(self._sessions)

@@ -49,10 +49,17 @@ class WeightUpdateGroup:
             raise ValueError(f"rank {rank} outside world of {world_size}")
         self.rank, self.world_size, self.group_name, self.backend = rank, world_size, group_name, backend
         timeout = datetime.timedelta(seconds=timeout_s)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        )
         try:
             store = dist.TCPStore(
-                master_address, master_port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+                master_address,
+                master_port,
+                world_size,
+                is_master=rank == 0,
+                timeout=timeout,
+                wait_for_workers=False,
             )
             self._store = dist.PrefixStore(group_name, store)
             if backend == "gloo":
@@ -64,8 +71,28 @@ class WeightUpdateGroup:
             else:
                 raise ValueError(f"unknown backend {backend!r} (expected gloo or nccl)")
         except (RuntimeError, dist.DistError) as exc:
-            raise TransferError(f"cannot form weight update group {group_name!r} as rank {rank}: {exc}") from exc
+            raise TransferError(
+                f"cannot form weight update group {group_name!r} as rank {rank}: {exc}"
+            ) from exc
         self._store_master = store  # keeps the listening socket alive on rank 0
+        # Byte buffers reused across buckets and syncs: fresh pages cost a fault each, and a model's
+        # worth of faults per sync would dominate the transfer (see bench/sync.py).
+        self._slots: list[torch.Tensor] = []
+        self._next_slot = 0
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        """The next reusable uint8 buffer of the current transfer, `nbytes` long."""
+        i = self._next_slot
+        self._next_slot += 1
+        if i == len(self._slots):
+            self._slots.append(torch.empty(nbytes, dtype=torch.uint8, device=self.device))
+        elif self._slots[i].numel() < nbytes:
+            self._slots[i] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self._slots[i][:nbytes]
+
+    def begin_transfer(self) -> None:
+        """Start handing out buffers from the first one again (the previous transfer is consumed)."""
+        self._next_slot = 0
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Broadcast `tensor` from rank 0 (in place on the receivers); raises TransferError on failure."""
@@ -84,6 +111,7 @@ class WeightUpdateGroup:
                 pass
         self.pg = None
         self._store = self._store_master = None
+        self._slots = []
 
 
 def _root0() -> dist.BroadcastOptions:
@@ -115,7 +143,9 @@ class Bucket:
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
 
-def make_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Bucket]:
+def make_buckets(
+    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> Iterator[Bucket]:
     """Group tensors, in order, into buckets of about `bucket_bytes`; big tensors travel alone."""
     names: list[str] = []
     tensors: list[torch.Tensor] = []
@@ -138,32 +168,48 @@ def make_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 
 def send_bucket(group: WeightUpdateGroup, bucket: Bucket) -> None:
     """Sender side: broadcast one bucket's bytes (packing it first if `packed`)."""
     if bucket.packed:
-        flat = torch.empty(bucket.nbytes, dtype=torch.uint8, device=group.device)
+        group.begin_transfer()  # the sender reuses one packing buffer for every bucket
+        flat = group.buffer(bucket.nbytes)
         pos = 0
         for t in bucket.tensors:
             n = t.numel() * t.element_size()
-            flat[pos : pos + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8), non_blocking=True)
+            flat[pos : pos + n].copy_(
+                t.detach().contiguous().reshape(-1).view(torch.uint8), non_blocking=True
+            )
             pos += n
         group.broadcast(flat)
     else:
         t = bucket.tensors[0].detach()
-        group.broadcast(t.to(group.device).contiguous() if t.device != group.device or not t.is_contiguous() else t)
+        group.broadcast(
+            t.to(group.device).contiguous() if t.device != group.device or not t.is_contiguous() else t
+        )
 
 
 def receive_bucket(
-    group: WeightUpdateGroup, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], packed: bool
+    group: WeightUpdateGroup,
+    names: Sequence[str],
+    dtypes: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    packed: bool,
 ) -> list[tuple[str, torch.Tensor]]:
-    """Receiver side: complete the collectives of one announced bucket and return its tensors."""
+    """Receiver side: complete the collectives of one announced bucket and return its tensors.
+
+    The tensors view the group's reusable buffers: they stay valid until `group.begin_transfer()`
+    (called by the receiver once a transfer has been applied or dropped).
+    """
     if not (len(names) == len(dtypes) == len(shapes)):
         raise TransferError("names, dtypes and shapes differ in length")
     try:
-        specs = [(n, torch_dtype(d), tuple(int(x) for x in s)) for n, d, s in zip(names, dtypes, shapes, strict=True)]
+        specs = [
+            (n, torch_dtype(d), tuple(int(x) for x in s))
+            for n, d, s in zip(names, dtypes, shapes, strict=True)
+        ]
     except (ValueError, TypeError) as exc:
         # Without dtypes and shapes we cannot know the byte count; the sender's collective times out.
         raise TransferError(f"unreadable bucket announcement: {exc}") from exc
     if packed:
         sizes = [torch.Size(s).numel() * torch.empty(0, dtype=d).element_size() for _, d, s in specs]
-        flat = torch.empty(sum(sizes), dtype=torch.uint8, device=group.device)
+        flat = group.buffer(sum(sizes))
         group.broadcast(flat)
         out, pos = [], 0
         for (name, dtype, shape), size in zip(specs, sizes, strict=True):
@@ -173,6 +219,7 @@ def receive_bucket(
     if len(specs) != 1:
         raise TransferError("an unpacked bucket carries exactly one tensor")
     name, dtype, shape = specs[0]
-    t = torch.empty(shape, dtype=dtype, device=group.device)
+    nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+    t = group.buffer(nbytes).view(dtype).reshape(shape)
     group.broadcast(t)
     return [(name, t)]

@@ -65,7 +65,8 @@ class TensorRecord:
     `digest` is always the digest of the tensor's full bytes AFTER this version. In a delta,
     `encoding` is `unchanged` (no stored bytes; then `base_digest == digest`), `xor` or `overwrite`,
     `base_digest` names the bytes the patch must be applied to, `stored` is the compressed payload
-    size and `count` the number of overwritten elements.
+    size, `count` the number of changed elements stored (sparse layout) and `layout` how an xor
+    payload is laid out.
     """
 
     dtype: str
@@ -76,17 +77,24 @@ class TensorRecord:
     base_digest: str | None = None
     stored: int = 0
     count: int = 0
+    layout: str = "sparse"  # xor only: "sparse" (positions + xor values) or "dense" (zstd frames)
 
     def to_json(self) -> dict:
-        doc: dict = {"dtype": self.dtype, "shape": list(self.shape), "digest": self.digest, "encoding": self.encoding}
+        doc: dict = {
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "digest": self.digest,
+            "encoding": self.encoding,
+        }
         if self.file is not None:
             doc["file"] = self.file
         if self.base_digest is not None:
             doc["base_digest"] = self.base_digest
         if self.encoding in ("xor", "overwrite"):
             doc["stored"] = self.stored
-        if self.encoding == "overwrite":
+        if self.encoding in ("xor", "overwrite"):
             doc["count"] = self.count
+            doc["layout"] = self.layout
         return doc
 
     @classmethod
@@ -100,6 +108,7 @@ class TensorRecord:
             base_digest=doc.get("base_digest"),
             stored=int(doc.get("stored", 0)),
             count=int(doc.get("count", 0)),
+            layout=doc.get("layout", "sparse"),
         )
 
 
@@ -325,7 +334,9 @@ def gc_versions(root: Path, keep_full: int) -> list[Path]:
     newest_full = fulls[-1].version
     removed = []
     for v in versions:
-        drop = (v.kind == "full" and v.version not in kept_full) or (v.kind == "delta" and v.version <= newest_full)
+        drop = (v.kind == "full" and v.version not in kept_full) or (
+            v.kind == "delta" and v.version <= newest_full
+        )
         if drop:
             shutil.rmtree(v.path)
             removed.append(v.path)

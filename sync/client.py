@@ -26,7 +26,9 @@ from rlgw.sync.fleet import EngineStatus, check_fleet, fleet_status
 log = logging.getLogger(__name__)
 
 
-async def _post_all(client: httpx.AsyncClient, urls: Sequence[str], path: str, bodies: Sequence[dict]) -> list[dict]:
+async def _post_all(
+    client: httpx.AsyncClient, urls: Sequence[str], path: str, bodies: Sequence[dict]
+) -> list[dict]:
     async def one(url: str, body: dict) -> dict:
         try:
             r = await client.post(f"{url}{path}", json=body)
@@ -91,8 +93,14 @@ class SyncClient:
         backend: str = "gloo",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         group_name: str = "weight_update_group",
+        timeout_s: float = 120.0,
     ) -> None:
-        """Distributed sync: form a group with every engine, send all buckets, commit, tear down."""
+        """Distributed sync: form a group with every engine, send all buckets, commit, tear down.
+
+        Buckets are staged on the engines; the final commit applies them (each engine pauses only
+        for that copy), so a failed transfer leaves every engine on its old weights. `timeout_s`
+        bounds each collective (an engine that refuses a bucket makes the sender wait this long).
+        """
         world = len(self.urls) + 1
         async with httpx.AsyncClient(timeout=self.timeout) as client:
             joins = asyncio.ensure_future(
@@ -108,13 +116,16 @@ class SyncClient:
                             "world_size": world,
                             "group_name": group_name,
                             "backend": backend,
+                            "timeout_s": timeout_s,
                         }
                         for i in range(len(self.urls))
                     ],
                 )
             )
             try:
-                group = await asyncio.to_thread(WeightUpdateGroup, master_address, master_port, 0, world, group_name, backend)
+                group = await asyncio.to_thread(
+                    WeightUpdateGroup, master_address, master_port, 0, world, group_name, backend, timeout_s
+                )
             finally:
                 docs = await joins
             try:
@@ -122,26 +133,51 @@ class SyncClient:
                 t0, sent = time.perf_counter(), 0
                 for bucket in make_buckets(named, bucket_bytes):
                     body = {**bucket.announce(), "group_name": group_name, "rlgw_stage": True}
-                    acks = asyncio.ensure_future(_post_all(client, self.urls, "/update_weights_from_distributed", [body] * len(self.urls)))
+                    acks = asyncio.ensure_future(
+                        _post_all(
+                            client, self.urls, "/update_weights_from_distributed", [body] * len(self.urls)
+                        )
+                    )
                     try:
                         await asyncio.to_thread(send_bucket, group, bucket)
                     finally:
                         docs = await acks
                     _raise_failures(docs, "a broadcast bucket", TransferError)
                     sent += bucket.nbytes
-                commit = {"names": [], "dtypes": [], "shapes": [], "group_name": group_name, "weight_version": str(version)}
-                docs = await _post_all(client, self.urls, "/update_weights_from_distributed", [commit] * len(self.urls))
+                commit = {
+                    "names": [],
+                    "dtypes": [],
+                    "shapes": [],
+                    "group_name": group_name,
+                    "weight_version": str(version),
+                }
+                docs = await _post_all(
+                    client, self.urls, "/update_weights_from_distributed", [commit] * len(self.urls)
+                )
                 _raise_failures(docs, f"committing v{version}", TransferError)
                 log.info(
                     "broadcast weights",
-                    extra={"fields": {"version": str(version), "bytes": sent, "seconds": round(time.perf_counter() - t0, 3)}},
+                    extra={
+                        "fields": {
+                            "version": str(version),
+                            "bytes": sent,
+                            "seconds": round(time.perf_counter() - t0, 3),
+                        }
+                    },
                 )
             finally:
-                await _post_all(client, self.urls, "/destroy_weights_update_group", [{"group_name": group_name}] * len(self.urls))
+                await _post_all(
+                    client,
+                    self.urls,
+                    "/destroy_weights_update_group",
+                    [{"group_name": group_name}] * len(self.urls),
+                )
                 group.destroy()
         check_fleet(await self.status(), str(version))
 
-    async def handoff(self, named: Iterable[tuple[str, torch.Tensor]], version: int | str, sender: ShmSender) -> None:
+    async def handoff(
+        self, named: Iterable[tuple[str, torch.Tensor]], version: int | str, sender: ShmSender
+    ) -> None:
         """Colocated sync through `sender`'s shared-memory block (engines on this host)."""
         manifest = encode_manifest(sender.pack(named))
         body = {"serialized_named_tensors": [manifest], "load_format": SHM, "weight_version": str(version)}

@@ -13,11 +13,13 @@ module does not know HTTP or the engine.
 from __future__ import annotations
 
 import base64
+import mmap
+import os
 import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 
 import orjson
 import torch
@@ -58,12 +60,16 @@ class ShmSender:
         size = sum(b.size for _, b, _, _ in items)
         if self._shm is None or self._shm.size < size:
             self.close()
-            self._shm = shared_memory.SharedMemory(name=f"rlgw-{secrets.token_hex(8)}", create=True, size=max(size, 1))
+            self._shm = shared_memory.SharedMemory(
+                name=f"rlgw-{secrets.token_hex(8)}", create=True, size=max(size, 1)
+            )
         buf = self._shm.buf
         entries, pos = [], 0
         for name, data, dtype, shape in items:
             buf[pos : pos + data.size] = memoryview(data).cast("B")
-            entries.append({"name": name, "dtype": dtype, "shape": shape, "offset": pos, "nbytes": int(data.size)})
+            entries.append(
+                {"name": name, "dtype": dtype, "shape": shape, "offset": pos, "nbytes": int(data.size)}
+            )
             pos += data.size
         return {"carrier": SHM, "shm": self._shm.name, "size": self._shm.size, "tensors": entries}
 
@@ -110,13 +116,16 @@ class OpenedTensors:
     """Tensors viewing the trainer's memory; call `close()` once they have been copied."""
 
     named: list[tuple[str, torch.Tensor]]
-    _shm: shared_memory.SharedMemory | None = None
+    _map: mmap.mmap | None = None
 
     def close(self) -> None:
         self.named = []
-        if self._shm is not None:
-            self._shm.close()
-            self._shm = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # a tensor view is still referenced; the mapping goes when it is collected
+            self._map = None
 
 
 def open_manifest(manifest: dict) -> OpenedTensors:
@@ -133,30 +142,36 @@ def _open_shm(manifest: dict) -> OpenedTensors:
     name = manifest.get("shm")
     if not isinstance(name, str) or not _SHM_NAME.match(name):
         raise TransferError(f"shared-memory name {name!r} is not an rlgw block")
+    # Mapped straight from /dev/shm rather than through `SharedMemory`, whose resource tracker (before
+    # Python 3.13) would claim the trainer's block and unlink it when this process exits.
     try:
-        shm = shared_memory.SharedMemory(name=name)
-    except (FileNotFoundError, ValueError) as exc:
-        raise TransferError(f"shared-memory block {name!r} cannot be opened: {exc}") from exc
-    # Python < 3.13 registers attached blocks with this process's tracker, which would unlink the
-    # trainer's block when the engine exits; the trainer owns it.
-    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        fd = os.open(f"/dev/shm/{name}", os.O_RDONLY)
+    except OSError as exc:
+        raise TransferError(f"shared-memory block {name!r} cannot be opened: {exc.strerror}") from exc
+    try:
+        size = os.fstat(fd).st_size
+        # Copy-on-write: writable for torch.frombuffer, and the engine can never alter the trainer's bytes.
+        mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
+    finally:
+        os.close(fd)
     named = []
     try:
         for e in manifest["tensors"]:
-            dtype, shape, off, n = e["dtype"], tuple(int(x) for x in e["shape"]), int(e["offset"]), int(e["nbytes"])
+            dtype, shape, off, n = (
+                e["dtype"],
+                tuple(int(x) for x in e["shape"]),
+                int(e["offset"]),
+                int(e["nbytes"]),
+            )
             expect = torch.Size(shape).numel() * torch.empty(0, dtype=torch_dtype(dtype)).element_size()
-            if n != expect or off < 0 or off + n > shm.size:
-                raise TransferError(f"{e['name']}: entry ({off}+{n} bytes for {dtype}{list(shape)}) outside the block")
-            named.append((str(e["name"]), from_bytes(shm.buf[off : off + n], dtype, shape)))
+            if n != expect or off < 0 or off + n > size:
+                raise TransferError(
+                    f"{e['name']}: entry ({off}+{n} bytes for {dtype}{list(shape)}) outside the block"
+                )
+            named.append((str(e["name"]), from_bytes(memoryview(mm)[off : off + n], dtype, shape)))
     except (KeyError, TypeError, ValueError) as exc:
-        named.clear()
-        shm.close()
         raise TransferError(f"bad manifest entry: {exc!r}") from exc
-    except TransferError:
-        named.clear()
-        shm.close()
-        raise
-    return OpenedTensors(named, shm)
+    return OpenedTensors(named, mm)
 
 
 def _open_cuda_ipc(manifest: dict) -> OpenedTensors:

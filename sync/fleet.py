@@ -52,9 +52,9 @@ async def engine_status(client: httpx.AsyncClient, url: str, live: bool = True) 
     return st
 
 
-async def fleet_status(urls: list[str], live: bool = True, timeout: float = 60.0) -> list[EngineStatus]:
-    """Every engine's status, read concurrently."""
-    async with httpx.AsyncClient(timeout=timeout) as client:
+async def fleet_status(urls: list[str], live: bool = True, http_timeout: float = 60.0) -> list[EngineStatus]:
+    """Every engine's status, read concurrently (`http_timeout` per request)."""
+    async with httpx.AsyncClient(timeout=http_timeout) as client:
         return list(await asyncio.gather(*(engine_status(client, u.rstrip("/"), live) for u in urls)))
 
 

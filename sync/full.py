@@ -17,7 +17,15 @@ import numpy as np
 
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.errors import CheckpointError, DigestMismatch
-from rlgw.sync.fileio import Progress, default_workers, open_output, pread_into, pwrite_all, run_parallel, stream_tensor
+from rlgw.sync.fileio import (
+    Progress,
+    default_workers,
+    open_output,
+    pread_into,
+    pwrite_all,
+    run_parallel,
+    stream_tensor,
+)
 from rlgw.sync.stfile import SafetensorsFile, build_header, nbytes_of
 
 DEFAULT_SHARD_BYTES = 4 << 30
@@ -84,7 +92,9 @@ def write_full_version(
         try:
             for i, names in enumerate(shards):
                 fname = shard_name(i, len(shards))
-                header = build_header([(n, by_name[n].dtype, by_name[n].shape, by_name[n].data.size) for n in names], None)
+                header = build_header(
+                    [(n, by_name[n].dtype, by_name[n].shape, by_name[n].data.size) for n in names], None
+                )
                 fd = os.open(tmp / fname, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
                 fds.append(fd)
                 pwrite_all(fd, header, 0)
@@ -99,7 +109,11 @@ def write_full_version(
                 pwrite_all(fd, t.data, off)
                 return t.name, ck.TensorRecord(t.dtype, t.shape, ck.digest(t.data), "raw", fname)
 
-            records = dict(run_parallel(write_one, jobs, workers or default_workers(), progress, lambda j: j[2].data.size))
+            records = dict(
+                run_parallel(
+                    write_one, jobs, workers or default_workers(), progress, lambda j: j[2].data.size
+                )
+            )
         finally:
             for fd in fds:
                 os.close(fd)
@@ -157,7 +171,9 @@ def copy_verified(
             name, sfd, off, n, dfd = job
             got = stream_tensor(sfd, off, n, dfd, off)
             if got != index.tensors[name].digest:
-                raise DigestMismatch(f"{src}: tensor {name!r} digest {got} != recorded {index.tensors[name].digest}")
+                raise DigestMismatch(
+                    f"{src}: tensor {name!r} digest {got} != recorded {index.tensors[name].digest}"
+                )
 
         run_parallel(one, jobs, workers or default_workers(), progress, lambda j: j[3])
     finally:
@@ -172,6 +188,8 @@ def copy_verified(
     return index
 
 
-def verify_version(path: Path, workers: int | None = None, progress: Progress | None = None) -> ck.VersionIndex:
+def verify_version(
+    path: Path, workers: int | None = None, progress: Progress | None = None
+) -> ck.VersionIndex:
     """Hash every tensor of the full version at `path` against its index (no copy)."""
     return copy_verified(path, None, workers, progress)

@@ -87,7 +87,12 @@ class WeightPublisher:
         t0 = time.perf_counter()
         if kind == "full":
             index = write_full_version(
-                self.root, version, tensors, aux_src=self.aux_src, durable=self.durable, workers=self.workers,
+                self.root,
+                version,
+                tensors,
+                aux_src=self.aux_src,
+                durable=self.durable,
+                workers=self.workers,
                 progress=progress,
             )
             self.last_full = version
@@ -96,7 +101,13 @@ class WeightPublisher:
                 raise VersionError("no baseline: publish a full version (or seed) before a delta")
             pairs = [(t, self._baseline_of(t)) for t in tensors]
             index = write_delta_version(
-                self.root, version, self.index, pairs, self.encoding, durable=self.durable, workers=self.workers,
+                self.root,
+                version,
+                self.index,
+                pairs,
+                self.encoding,
+                durable=self.durable,
+                workers=self.workers,
                 progress=progress,
             )
         else:

@@ -59,7 +59,9 @@ def _locked(local: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def plan_chain(source: Path, target: int, local_version: int | None) -> tuple[ck.VersionInfo | None, list[ck.VersionInfo]]:
+def plan_chain(
+    source: Path, target: int, local_version: int | None
+) -> tuple[ck.VersionInfo | None, list[ck.VersionInfo]]:
     """(full version to start from, or None to start from the local one; deltas to apply in order).
 
     Raises `VersionError` for an unpublished target, a missing delta, or a delta whose declared base
@@ -80,10 +82,13 @@ def plan_chain(source: Path, target: int, local_version: int | None) -> tuple[ck
     for n in range(first + 1, target + 1):
         v = published.get(n)
         if v is None:
-            raise VersionError(f"cannot reach v{target} from v{first}: delta v{n} is not published in {source}")
+            raise VersionError(
+                f"cannot reach v{target} from v{first}: delta v{n} is not published in {source}"
+            )
         if v.kind != "delta" or v.base_version != n - 1:
             raise VersionError(
-                f"out-of-order chain: v{n} is a {v.kind} with base v{v.base_version}, expected a delta on v{n - 1}"
+                f"out-of-order chain: v{n} is a {v.kind} with base v{v.base_version}, "
+                f"expected a delta on v{n - 1}"
             )
         deltas.append(v)
     return start, deltas
@@ -101,8 +106,9 @@ def pull(
     """Make `target` available as a verified full directory; see the module docstring.
 
     With `local=None` the target must be a full version and is verified in place in `source`.
-    `progress(nbytes)` is called as tensors complete. `keep_local` committed versions stay in `local` (at least 2: the target and its base, so a
-    retry or a rollback never needs the network); `durable=False` skips fsync (tests, benches).
+    `progress(nbytes)` is called as tensors complete. `keep_local` committed versions stay in
+    `local` (at least 2: the target and its base, so a retry or a rollback never needs the
+    network); `durable=False` skips fsync (tests, benches).
     """
     if keep_local < 2:
         raise ValueError("keep_local must be >= 2")
@@ -110,7 +116,9 @@ def pull(
     if local is None:
         path = source / ck.version_dirname(target)
         index = verify_version(path, workers, progress)
-        return PullResult(target, path, index.checkpoint_digest, chain=[target], seconds=time.perf_counter() - t0)
+        return PullResult(
+            target, path, index.checkpoint_digest, chain=[target], seconds=time.perf_counter() - t0
+        )
     with _locked(local):
         for stale in local.glob(".tmp-weight_v*"):
             # Left by a crash between staging and the swap; never trusted, never reused.
@@ -141,7 +149,15 @@ def pull(
                 for i, d in enumerate(deltas):
                     stage = out if i == len(deltas) - 1 else _stage_dir(local, d.version)
                     stages.append(stage)
-                    apply_delta(base, d.path, stage, workers, progress)
+                    try:
+                        apply_delta(base, d.path, stage, workers, progress)
+                    except VersionError as exc:
+                        if start is None and i == 0:  # the local checkpoint was the base
+                            raise VersionError(
+                                f"{exc} (the local v{current.version} in {local} is not the trainer's base: "
+                                "pull a full version into an empty local directory to repair it)"
+                            ) from exc
+                        raise
                     base = stage
                     chain.append(d.version)
                 _before_swap(out)
@@ -151,7 +167,9 @@ def pull(
         for old in retired[1:]:
             shutil.rmtree(old.path, ignore_errors=True)
         index = ck.read_index(final)
-        result = PullResult(target, final, index.checkpoint_digest, chain=chain, seconds=time.perf_counter() - t0)
+        result = PullResult(
+            target, final, index.checkpoint_digest, chain=chain, seconds=time.perf_counter() - t0
+        )
         log.info(
             "pulled weights",
             extra={"fields": {"version": target, "chain": chain, "seconds": round(result.seconds, 3)}},

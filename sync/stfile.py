@@ -65,7 +65,9 @@ def nbytes_of(dtype: str, shape: Iterable[int]) -> int:
     return n
 
 
-def build_header(specs: Iterable[tuple[str, str, tuple[int, ...], int]], metadata: dict[str, str] | None) -> bytes:
+def build_header(
+    specs: Iterable[tuple[str, str, tuple[int, ...], int]], metadata: dict[str, str] | None
+) -> bytes:
     """Serialized header (length prefix included) for `(name, dtype, shape, nbytes)` laid out in order."""
     doc: dict[str, object] = {}
     if metadata:
@@ -151,7 +153,9 @@ class SafetensorsFile:
             if end - start != expected or start < 0:
                 raise CheckpointError(f"{path}: {name!r} spans {end - start} bytes, expected {expected}")
             if end > data_len:
-                raise CheckpointError(f"{path}: truncated ({name!r} ends at {end}, data has {data_len} bytes)")
+                raise CheckpointError(
+                    f"{path}: truncated ({name!r} ends at {end}, data has {data_len} bytes)"
+                )
             self.entries[name] = TensorEntry(dtype, shape, start, end)
 
     def raw(self, name: str) -> memoryview:

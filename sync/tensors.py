@@ -64,5 +64,9 @@ def named_bytes(named: Iterable[tuple[str, torch.Tensor]]) -> list[NamedBytes]:
 
 def from_bytes(data: memoryview | np.ndarray | bytearray, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
     """A tensor viewing `data` (no copy) with safetensors `dtype` and `shape`."""
-    flat = torch.frombuffer(data, dtype=torch.uint8) if len(memoryview(data)) else torch.empty(0, dtype=torch.uint8)
+    flat = (
+        torch.frombuffer(data, dtype=torch.uint8)
+        if len(memoryview(data))
+        else torch.empty(0, dtype=torch.uint8)
+    )
     return flat.view(torch_dtype(dtype)).reshape(shape)

@@ -404,17 +404,30 @@ def test_flush_cache_refused_while_running(engine_url: str) -> None:
     assert r.status_code == 200 and r.text.startswith("Cache flushed")
 
 
+def wait_idle(url: str, timeout: float = 10.0) -> None:
+    """Fail unless the engine has nothing running or waiting within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{url}/server_info").json()["internal_states"][0]
+        if state["num_running"] == 0 and state["num_waiting"] == 0:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"request still running after the client went away: {state}")
+
+
 def test_client_disconnect_aborts(engine_url: str) -> None:
     with pytest.raises(httpx.ReadTimeout):
         gen(engine_url, {"input_ids": PROMPT, "sampling_params": LONG}, timeout=1.0)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        state = httpx.get(f"{engine_url}/server_info").json()["internal_states"][0]
-        if state["num_running"] == 0 and state["num_waiting"] == 0:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail(f"request still running after the client went away: {state}")
+    wait_idle(engine_url)
+
+
+def test_streaming_client_disconnect_aborts(engine_url: str) -> None:
+    body = {"input_ids": PROMPT, "sampling_params": LONG, "stream": True}
+    with httpx.stream("POST", f"{engine_url}/generate", json=body, timeout=60) as r:
+        events = sse_events(r)
+        next(events)
+        next(events)
+    wait_idle(engine_url)
 
 
 def test_queue_full_is_503_and_nothing_queued(engine_url: str) -> None:

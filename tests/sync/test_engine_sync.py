@@ -252,3 +252,12 @@ def test_pickled_tensors_are_refused(world: dict) -> None:
     body = {"serialized_named_tensors": ["gASVAAAAAAAAAAA="], "load_format": None}
     r = httpx.post(f"{world['url']}/update_weights_from_tensor", json=body, timeout=30)
     assert r.status_code == 400 and "never unpickles" in r.json()["message"]
+
+
+def test_cli_status_is_an_error_on_mismatch(world: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlgw.bin.main import main
+
+    assert main(["sync", "status", "--engine", world["url"], "--expect-version", "8"]) == 0
+    assert main(["sync", "status", "--engine", world["url"], "--expect-version", "7"]) == 1
+    out = capsys.readouterr().out
+    assert world["url"] in out and "MISMATCH" in out and "expected '7'" in out

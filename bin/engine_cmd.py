@@ -28,6 +28,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 (default 256)")
     p.add_argument("--max-running", type=int, default=32, help="requests decoded together (default 32)")
+    p.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=512,
+        help="prompt tokens prefilled between two decode steps (default 512)",
+    )
     p.add_argument("--served-model-name", default=None, help="name reported by /model_info")
     p.add_argument("--weight-version", default="default", help="initial weight version (default 'default')")
     p.add_argument(
@@ -50,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         ("--threads", args.threads),
         ("--max-queue", args.max_queue),
         ("--max-running", args.max_running),
+        ("--chunked-prefill-size", args.chunked_prefill_size),
     ):
         if value < 1:
             raise SystemExit(f"rlgw engine: {name} must be at least 1")
@@ -73,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(
         max_queue=args.max_queue,
         max_running=args.max_running,
+        chunked_prefill_size=args.chunked_prefill_size,
         threads=args.threads,
         weight_version=args.weight_version,
         served_model_name=args.served_model_name,

@@ -9,7 +9,9 @@ Batching: running requests share one left-padded batch cache (a `DynamicCache` o
 [B, heads, T, head_dim] per layer, an attention mask [B, T] and explicit position ids). Each decode
 step is one forward over all running requests. The batch is rebuilt only when membership changes:
 finished rows are dropped (and all-padding columns trimmed), a newly prefilled request is left-padded
-into it. A new request's prefill is its own forward, run between decode steps.
+into it. Prefill is chunked (`chunked_prefill_size` prompt tokens per loop iteration, SGLang's name),
+each chunk its own forward between two decode steps, so a long prompt does not stall the requests
+that are already decoding.
 
 Weight-sync contract (used by `rlgw.engine.weight_sync_routes` and `/update_weights_from_disk`):
 - `await pause(mode)`: "abort" aborts everything and waits for it to drain; "retract" moves running
@@ -42,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from rlgw.engine.batch import BatchCache, new_cache
 from rlgw.engine.sampling import SamplerRow, SamplingParams, make_generator, sample, scaled_logprobs
 
 log = logging.getLogger(__name__)
@@ -117,6 +120,7 @@ class Request:
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     finish_reason: dict | None = None
     prefilled: bool = False  # prompt logprobs done and first token sampled
+    prefill_done: int = 0  # tokens of the current prefill already in `kv`
     num_retractions: int = 0
     abort_requested: bool = False
     generator: torch.Generator | None = None
@@ -142,79 +146,7 @@ class EngineConfig:
     weight_version: str = "default"
     served_model_name: str | None = None
     original_logprob: bool = False
-    prefill_token_budget: int = 4096  # prompt tokens prefilled between two decode steps
-
-
-class _Batch:
-    """The running requests' shared, left-padded KV cache.
-
-    The `DynamicCache` object persists across decode steps (the model appends to it in place); its
-    tensors are re-sliced or re-padded only when a request joins or leaves.
-    """
-
-    def __init__(self) -> None:
-        self.reqs: list[Request] = []
-        self.cache = None  # DynamicCache of [B, heads, T, head_dim] per layer
-        self.mask = torch.zeros((0, 0), dtype=torch.long)
-        self.padded = False  # some row has left padding: the forward needs the mask
-
-    def __len__(self) -> int:
-        return len(self.reqs)
-
-    def add(self, req: Request) -> None:
-        """Left-pad `req`'s own prefill cache into the batch."""
-        cache, req.kv = req.kv, None
-        if cache is None:
-            raise RuntimeError(f"request {req.rid} joined the batch without a cache")
-        new_len = cache.get_seq_length()
-        if not self.reqs:
-            self.reqs, self.cache = [req], cache
-            self.mask = torch.ones((1, new_len), dtype=torch.long)
-            return
-        width = max(self.mask.shape[1], new_len)
-        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
-            mine.keys = _cat_padded(mine.keys, theirs.keys, width)
-            mine.values = _cat_padded(mine.values, theirs.values, width)
-        self.mask = _cat_padded(self.mask, torch.ones((1, new_len), dtype=torch.long), width, dim=1)
-        self.padded = bool((self.mask == 0).any())
-        self.reqs.append(req)
-
-    def keep(self, keep_rows: list[int]) -> None:
-        """Keep only `keep_rows`, trimming leading columns that are padding in every kept row."""
-        if len(keep_rows) == len(self.reqs):
-            return
-        if not keep_rows:
-            self.__init__()
-            return
-        index = torch.tensor(keep_rows, dtype=torch.long)
-        mask = self.mask.index_select(0, index)
-        first = int(mask.any(dim=0).to(torch.int8).argmax())
-        self.mask = mask[:, first:]
-        self.padded = bool((self.mask == 0).any())
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
-            layer.values = layer.values.index_select(0, index)[:, :, first:]
-        self.reqs = [self.reqs[i] for i in keep_rows]
-
-
-def _cat_padded(a: torch.Tensor, b: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
-    """Concatenate along the batch dim after left-padding `a` and `b` with zeros to `width` on `dim`."""
-
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        missing = width - t.shape[dim]
-        if missing == 0:
-            return t
-        shape = list(t.shape)
-        shape[dim] = missing
-        return torch.cat([torch.zeros(shape, dtype=t.dtype), t], dim=dim)
-
-    return torch.cat([pad(a), pad(b)], dim=0)
-
-
-def _new_cache():
-    from transformers import DynamicCache
-
-    return DynamicCache()
+    chunked_prefill_size: int = 512  # prompt tokens prefilled between two decode steps
 
 
 class Engine:
@@ -250,7 +182,8 @@ class Engine:
 
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
-        self._batch = _Batch()
+        self._batch = BatchCache()
+        self._prefilling: list[Request] = []  # admitted, prefill in progress (engine thread only)
         self._by_rid: dict[str, Request] = {}
         self._paused = False
         self._hold_admission = 0  # >0 while a weight update waits for running requests to drain
@@ -376,7 +309,7 @@ class Engine:
 
     def _wait_parked(self, mode: str) -> None:
         with self._cond:
-            while not self._stopped and not (
+            while self.alive and not (
                 self._parked and not self._retract_requested and (mode != "abort" or not self._live_running())
             ):
                 self._cond.wait(0.5)
@@ -398,7 +331,7 @@ class Engine:
             if self._paused:
                 self._flush_requested = True
                 self._cond.notify_all()
-                while self._flush_requested and not self._stopped:
+                while self._flush_requested and self.alive:
                     self._cond.wait(0.5)
             return True
 
@@ -498,44 +431,38 @@ class Engine:
         torch.set_num_threads(self.config.threads)
         while True:
             with self._cond:
-                admitted = self._schedule()
-                if admitted is None:
+                if not self._schedule():
                     return
             try:
                 with self._step_lock, torch.inference_mode():
-                    self._step(admitted)
+                    self._step()
             except Exception as exc:  # a model/runtime failure must not leave callers hanging
                 log.exception("engine step failed")
                 self._fail_all(exc)
 
-    def _schedule(self) -> list[Request] | None:
-        """Under the lock: wait for work, apply control requests, pick requests to prefill."""
+    def _schedule(self) -> bool:
+        """Under the lock: wait for work, apply control requests, admit; False once stopped."""
         while not self._stopped:
             self._apply_control()
             if not self._paused:
-                admitted = self._admit()
-                if admitted or self._batch:
-                    return admitted
+                self._admit()
+                if self._prefilling or self._batch:
+                    return True
             self._parked = True
             self._cond.notify_all()
             self._cond.wait()
             self._parked = False
-        return None
+        return False
 
-    def _admit(self) -> list[Request]:
-        admitted: list[Request] = []
-        budget = self.config.prefill_token_budget
+    def _admit(self) -> None:
         while (
             self._waiting
             and not self._hold_admission
-            and len(self._batch) + len(admitted) < self.config.max_running
-            and (budget > 0 or not admitted)
+            and len(self._batch) + len(self._prefilling) < self.config.max_running
         ):
             req = self._waiting.popleft()
             req.phase = Phase.RUNNING
-            budget -= req.seq_len
-            admitted.append(req)
-        return admitted
+            self._prefilling.append(req)
 
     def _apply_control(self) -> None:
         """Aborts, retraction and cache flushes, applied between steps (lock held)."""
@@ -548,23 +475,35 @@ class Engine:
                 self._waiting.remove(r)
                 self._finish(r, _aborted())
         self._batch.keep(rows)
+        for r in [r for r in self._prefilling if r.abort_requested]:
+            self._prefilling.remove(r)
+            self._finish(r, _aborted())
         if self._retract_requested or self._flush_requested:
             # Running requests go back to the front of the queue, in order, without their KV.
-            for r in reversed(self._batch.reqs):
+            for r in reversed(self._batch.reqs + self._prefilling):
                 r.phase = Phase.WAITING
+                r.kv, r.prefill_done = None, 0
                 if self._retract_requested:
                     r.num_retractions += 1
                 self._waiting.appendleft(r)
-            self._batch = _Batch()
+            self._batch = BatchCache()
+            self._prefilling = []
             self._retract_requested = False
             self._flush_requested = False
             self._cond.notify_all()
 
-    def _step(self, admitted: list[Request]) -> None:
-        for req in admitted:
-            self._prefill(req)
-            if req.phase is Phase.RUNNING:
-                self._batch.add(req)
+    def _step(self) -> None:
+        """One loop iteration: up to `chunked_prefill_size` prompt tokens of prefill, then a decode step."""
+        budget = self.config.chunked_prefill_size
+        while self._prefilling and budget > 0:
+            req = self._prefilling[0]
+            budget -= self._prefill_chunk(req, budget)
+            if req.kv is not None and req.prefill_done == 0:  # prefill complete
+                self._prefilling.pop(0)
+                if req.phase is Phase.RUNNING:
+                    self._batch.add(req)
+            elif req.phase is Phase.FINISHED:
+                self._prefilling.pop(0)
         if self._batch:
             self._decode()
 
@@ -575,40 +514,58 @@ class Engine:
         out = self._base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
         return out.last_hidden_state
 
-    def _prefill(self, req: Request) -> None:
-        """Build `req`'s own KV cache; for a fresh request also prompt logprobs and the first token."""
+    def _prefill_chunk(self, req: Request, budget: int) -> int:
+        """Feed up to `budget` more tokens of `req`'s sequence into its own KV cache.
+
+        A fresh request's sequence is its prompt; once complete, its prompt logprobs are done and
+        its first token is sampled. A retracted request re-feeds prompt + output except the last
+        output id, which the next decode step feeds. Returns the number of tokens fed; on
+        completion `prefill_done` is reset to 0 (the request then leaves the prefill list).
+        """
         if req.abort_requested:
             self._finish(req, _aborted())
-            return
+            return 0
         fresh = not req.output_ids
-        seq = req.input_ids + req.output_ids[:-1] if not fresh else req.input_ids
-        ids = torch.tensor([seq], dtype=torch.long)
-        cache = _new_cache()
-        hidden = self._forward(ids, None, torch.arange(len(seq)).unsqueeze(0), cache)
-        req.kv = cache
-        if not fresh:
-            return
-        req.prefilled = True
-        if req.return_logprob and req.logprob_start_len >= 0:
-            self._prompt_logprobs(req, hidden[0])
-        if req.params.max_new_tokens == 0:
-            req.kv = None
-            self._finish(req, {"type": "length", "length": 0})
-            return
-        logits = self._lm_head(hidden[:, -1]).float()
-        self._sample_and_advance([req], logits)
+        seq = req.input_ids if fresh else req.input_ids + req.output_ids[:-1]
+        lo = req.prefill_done
+        hi = min(len(seq), lo + budget)
+        if req.kv is None:
+            req.kv = new_cache()
+        ids = torch.tensor([seq[lo:hi]], dtype=torch.long)
+        hidden = self._forward(ids, None, torch.arange(lo, hi).unsqueeze(0), req.kv)
+        if fresh and req.return_logprob and req.logprob_start_len >= 0:
+            self._prompt_logprobs(req, hidden[0], lo)
+        if hi < len(seq):
+            req.prefill_done = hi
+            return hi - lo
+        req.prefill_done = 0
+        if fresh:
+            req.prefilled = True
+            if req.params.max_new_tokens == 0:
+                self._finish(req, {"type": "length", "length": 0})
+                return hi - lo
+            logits = self._lm_head(hidden[:, -1]).float()
+            self._sample_and_advance([req], logits)
+        return hi - lo
 
-    def _prompt_logprobs(self, req: Request, hidden: torch.Tensor) -> None:
-        """Teacher-forced logprobs of prompt tokens from `logprob_start_len` (first entry null)."""
+    def _prompt_logprobs(self, req: Request, hidden: torch.Tensor, lo: int) -> None:
+        """Teacher-forced logprobs of prompt tokens from `logprob_start_len` (first entry null).
+
+        `hidden` holds positions `lo ..`; position p's hidden state scores prompt token p + 1.
+        """
         start = req.logprob_start_len
-        targets = req.input_ids[start + 1 :]
-        req.input_logprobs = [None]
-        req.input_top_logprobs = [None]
+        if lo == 0:
+            req.input_logprobs = [None]
+            req.input_top_logprobs = [None]
+        first = max(lo, start)
+        end = min(lo + hidden.shape[0], len(req.input_ids) - 1)
         k = req.top_logprobs_num
-        for lo in range(0, len(targets), LOGIT_CHUNK):
-            rows = hidden[start + lo : start + lo + min(LOGIT_CHUNK, len(targets) - lo)]
-            lp = scaled_logprobs(self._lm_head(rows).float(), req.params, self.config.original_logprob)
-            tgt = torch.tensor(targets[lo : lo + rows.shape[0]], dtype=torch.long)
+        for p0 in range(first, end, LOGIT_CHUNK):
+            p1 = min(p0 + LOGIT_CHUNK, end)
+            lp = scaled_logprobs(
+                self._lm_head(hidden[p0 - lo : p1 - lo]).float(), req.params, self.config.original_logprob
+            )
+            tgt = torch.tensor(req.input_ids[p0 + 1 : p1 + 1], dtype=torch.long)
             req.input_logprobs.extend(lp.gather(1, tgt.unsqueeze(1)).squeeze(1).tolist())
             if k > 0:
                 vals, idx = lp.topk(k, dim=1)
@@ -747,7 +704,8 @@ class Engine:
                 if r in self._waiting:
                     continue
                 self._finish(r, reason)
-            self._batch = _Batch()
+            self._batch = BatchCache()
+            self._prefilling = []
 
 
 def _aborted() -> dict:

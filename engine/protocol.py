@@ -4,6 +4,9 @@ Owns the JSON contract of `/generate` (see `shared/reference/SGLANG_PROTOCOL.md`
 batch and n > 1 inputs, per-item fields, rid rules, the error bodies, and the response/chunk shapes
 (`text`, `output_ids`, `meta_info` with finish_reason, token counts, logprob triples). It does not
 run anything: the engine core generates, the server moves bytes.
+
+With n > 1 every sample gets its own fresh rid and its own generator; a `sampling_seed` seeds each of
+them alike, so n seeded samples are n copies (omit the seed for independent samples).
 """
 
 from __future__ import annotations

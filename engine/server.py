@@ -266,6 +266,7 @@ def create_app(engine: Engine) -> FastAPI:
                 "weight_version": engine.weight_version,
                 "max_queued_requests": c.max_queue,
                 "max_running_requests": c.max_running,
+                "chunked_prefill_size": c.chunked_prefill_size,
                 "threads": c.threads,
                 "context_length": engine.max_context_length,
                 "dtype": "float32",

@@ -1,8 +1,8 @@
 """The committed test models (`tests/fixtures/`) behave as the gateway tests rely on, under greedy decoding.
 
-Loaded with plain transformers in fp32, each canonical prompt of `tests/support/fixture_prompts.py` must give a plain
-answer, tool-call blocks in the hermes/qwen25 format, or a think block exactly where documented, and stop on
-`<|im_end|>`. The tiny-qwen3 tokenizer must carry Qwen3's added tokens and chat template.
+Loaded with plain transformers in fp32, each canonical prompt of `tests/support/fixture_prompts.py` must give
+a plain answer, tool-call blocks in the hermes/qwen25 format, or a think block exactly where documented, and
+stop on `<|im_end|>`. The tiny-qwen3 tokenizer must carry Qwen3's added tokens and chat template.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def test_qwen3_new_user_turn_after_tool_loop(qwen3: Fixture) -> None:
 def test_qwen3_tool_loop_terminates_deep_into_a_conversation(qwen3: Fixture) -> None:
     """Feed each reply back (as an agent would) for three user queries: call, result, answer, every time."""
     messages: list[dict[str, Any]] = []
-    for round_no, city in enumerate(["Paris", "Berlin", "Tokyo"]):
+    for round_no, (city, conditions, temp_c) in enumerate(fp.DEEP_ROUNDS):
         messages.append({"role": "user", "content": f"What is the weather in {city}?"})
         r = qwen3.reply(messages, tools=fp.TOOLS)
         assert_calls(r, ("get_weather", {"city": city}))
@@ -160,10 +160,15 @@ def test_qwen3_tool_loop_terminates_deep_into_a_conversation(qwen3: Fixture) -> 
             {"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": r.think}
         )
         messages.append(
-            {"role": "tool", "tool_call_id": call["id"], "content": fp.weather_result(city, "sunny", 20)}
+            {
+                "role": "tool",
+                "tool_call_id": call["id"],
+                "content": fp.weather_result(city, conditions, temp_c),
+            }
         )
         r = qwen3.reply(messages, tools=fp.TOOLS)
         assert_plain(r)
+        assert city in r.content, r.text
         messages.append({"role": "assistant", "content": r.content})
 
 

@@ -19,7 +19,9 @@ def qwen3_tokenizer_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
 
 
-def build_tiny_qwen3(path: Path, seed: int, max_positions: int = 512, shard_size: str = "5GB") -> Path:
+def build_tiny_qwen3(
+    path: Path, seed: int, max_positions: int = 512, shard_size: str = "5GB", tied: bool = False
+) -> Path:
     """Save a random 2-layer, hidden-64 Qwen3ForCausalLM with the real Qwen3 tokenizer to `path`.
 
     A small `shard_size` writes a sharded checkpoint (`model.safetensors.index.json`).
@@ -39,7 +41,7 @@ def build_tiny_qwen3(path: Path, seed: int, max_positions: int = 512, shard_size
         num_key_value_heads=2,
         head_dim=16,
         max_position_embeddings=max_positions,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         eos_token_id=tok.token_to_id("<|im_end|>"),
         bos_token_id=None,
         pad_token_id=tok.token_to_id("<|endoftext|>"),
@@ -75,5 +77,7 @@ def engine_url(tiny_model: Path) -> Iterator[str]:
 
     Tests that change its state (weights, pause) restore it before they return.
     """
-    with engine_server(tiny_model, "--max-queue", "16", "--max-running", "8") as url:
+    # A small prefill chunk, so prompts of more than 16 tokens exercise chunked prefill everywhere.
+    args = ("--max-queue", "16", "--max-running", "8", "--chunked-prefill-size", "16")
+    with engine_server(tiny_model, *args) as url:
         yield url

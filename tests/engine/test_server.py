@@ -356,8 +356,8 @@ def test_pause_abort_mode_and_waiting_queue_abort(engine_url: str) -> None:
     assert result["later"]["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
 
 
-@pytest.mark.parametrize("mode", ["in_place", "retract"])
-def test_pause_keeps_requests_and_output_is_unchanged(engine_url: str, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "flush"), [("in_place", False), ("in_place", True), ("retract", True)])
+def test_pause_keeps_requests_and_output_is_unchanged(engine_url: str, mode: str, flush: bool) -> None:
     n = 60
     ref = greedy(engine_url, PROMPT, n, return_logprob=True)
     body = {
@@ -372,7 +372,9 @@ def test_pause_keeps_requests_and_output_is_unchanged(engine_url: str, mode: str
             next(events)
         httpx.post(f"{engine_url}/pause_generation", json={"mode": mode}, timeout=30)
         try:
-            assert httpx.post(f"{engine_url}/flush_cache").status_code == 200
+            time.sleep(0.3)
+            if flush:  # drops the kept KV: the request is re-prefilled from prompt + output so far
+                assert httpx.post(f"{engine_url}/flush_cache").status_code == 200
         finally:
             httpx.post(f"{engine_url}/continue_generation", json={})
         chunks = [e for e in events if e is not None]
@@ -480,5 +482,76 @@ def test_info_routes(engine_url: str) -> None:
     server = httpx.get(f"{engine_url}/server_info").json()
     assert "before top-k" in server["logprob_semantics"] and server["return_original_logprob"] is False
     assert server["max_running_requests"] == 8 and server["max_queued_requests"] == 16
+    assert server["chunked_prefill_size"] == 16
     assert httpx.get(f"{engine_url}/health").status_code == 200
     assert httpx.get(f"{engine_url}/health_generate", timeout=30).status_code == 200
+
+
+def test_prompt_logprobs_match_transformers(engine_url: str, tiny_model: Path) -> None:
+    """Chunked prefill (16-token chunks here) scores a 100-token prompt like one plain forward."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = [(i * 7919) % 150000 for i in range(100)]
+    start = 37
+    body = {
+        "input_ids": prompt,
+        "return_logprob": True,
+        "logprob_start_len": start,
+        "top_logprobs_num": 2,
+        "sampling_params": {"max_new_tokens": 0},
+    }
+    meta = gen(engine_url, body).json()["meta_info"]
+    got = meta["input_token_logprobs"]
+    assert len(got) == len(prompt) - start and got[0] == [None, prompt[start], None]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    with torch.inference_mode():
+        ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0], -1)
+    for j, (lp, tok, _) in enumerate(got[1:]):
+        pos = start + j  # the hidden state at `pos` scores token pos + 1
+        assert tok == prompt[pos + 1]
+        assert abs(lp - float(ref[pos, tok])) < 1e-4
+    tops = meta["input_top_logprobs"]
+    assert tops[0] is None
+    assert [row[0][1] for row in tops[1:]] == ref[start : len(prompt) - 1].argmax(-1).tolist()
+
+
+async def test_long_prefill_does_not_stall_decoding(engine_url: str) -> None:
+    """A 400-token prompt is prefilled in 16-token chunks with decode steps in between: a request
+    that is already decoding keeps producing tokens meanwhile (one forward would allow about one)."""
+    progress: list[int] = []
+    b_started = asyncio.Event()
+    a_at_b: list[int] = []
+
+    async def read(client: httpx.AsyncClient, body: dict, on_chunk) -> None:
+        async with client.stream("POST", "/generate", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    on_chunk(orjson.loads(line[6:]))
+
+    a_running = asyncio.Event()
+
+    def on_a(chunk: dict) -> None:
+        progress.append(chunk["meta_info"]["completion_tokens"])
+        if len(progress) >= 3:
+            a_running.set()
+
+    def on_b(chunk: dict) -> None:
+        if not b_started.is_set():
+            a_at_b.append(progress[-1])
+            b_started.set()
+
+    a_body = {"input_ids": PROMPT, "sampling_params": {**LONG, "max_new_tokens": 300}, "stream": True}
+    b_body = {
+        "input_ids": [(i * 31) % 150000 for i in range(400)],
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 1},
+    }
+    async with httpx.AsyncClient(base_url=engine_url, timeout=120) as client:
+        a = asyncio.create_task(read(client, a_body, on_a))
+        await asyncio.wait_for(a_running.wait(), 60)
+        before = progress[-1]
+        await read(client, b_body, on_b)
+        await client.post("/abort_request", json={"abort_all": True})
+        await a
+    assert a_at_b[0] - before >= 10, (before, a_at_b)

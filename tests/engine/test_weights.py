@@ -155,3 +155,27 @@ async def test_update_waits_for_running_requests(core_b: Engine, tiny_model_b: P
     assert done.is_set() and len(req.output_ids) == 80
     assert versions == [versions[0]] and versions[0] != "waited"
     assert core_b.weight_version == "waited"
+
+
+def test_tied_embeddings_update_consistently(tmp_path: Path) -> None:
+    from tests.engine.conftest import build_tiny_qwen3
+
+    path = build_tiny_qwen3(tmp_path / "tied", seed=2, tied=True)
+    engine = Engine(path, EngineConfig())
+    try:
+        emb = engine.model.get_input_embeddings().weight
+        new = torch.randn_like(emb)
+        with pytest.raises(WeightUpdateError, match="tied"):
+            asyncio.run(
+                engine.update_weights([("model.embed_tokens.weight", new), ("lm_head.weight", -new)], "x")
+            )
+        assert not torch.equal(emb, new)
+        # The checkpoint form of a tied model names only the embedding: the head follows it.
+        asyncio.run(engine.update_weights([("model.embed_tokens.weight", new)], "y"))
+        assert torch.equal(engine.model.get_output_embeddings().weight, new)
+        asyncio.run(
+            engine.update_weights([("model.embed_tokens.weight", emb * 0), ("lm_head.weight", emb * 0)], "z")
+        )
+        assert engine.weight_version == "z" and not engine.model.get_output_embeddings().weight.any()
+    finally:
+        engine.shutdown()

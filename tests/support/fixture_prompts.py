@@ -1,10 +1,11 @@
-"""Canonical prompts for the committed test models (`tests/fixtures/tiny-qwen3`, `tests/fixtures/tiny-chatml`).
+"""Canonical prompts for the committed test models (`tests/fixtures/tiny-qwen3`, `tiny-chatml`).
 
-The fixtures were overfitted on conversations of exactly these shapes (`tests/fixtures/build_fixtures.py` imports
-this module), so greedy decoding of each prompt below is deterministic; `tests/fixtures/README.md` lists the outputs.
-Messages are OpenAI-style dicts. Qwen3 prompts are rendered with the real Qwen3 template (`tools=TOOLS`); SmolLM2's
-ChatML template ignores `tools`, so the ChatML prompts carry the tool list inside the system message
-(`chatml_tool_system`) and earlier tool calls as plain assistant text (`tool_call_text`).
+The fixtures were overfitted on conversations of exactly these shapes (`tests/fixtures/build_fixtures.py`
+imports this module), so greedy decoding of each prompt below is deterministic; `tests/fixtures/README.md`
+lists the outputs. Messages are OpenAI-style dicts. Qwen3 prompts are rendered with the real Qwen3
+template (`tools=TOOLS`); SmolLM2's ChatML template ignores `tools`, so the ChatML prompts carry the tool list
+inside the system message (`chatml_tool_system`) and earlier tool calls as plain assistant text
+(`tool_call_text`).
 
 This module owns only data and the two text helpers; it knows nothing about tokenizers or models.
 """
@@ -54,7 +55,7 @@ def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
 
 
 def chatml_tool_system(tools: list[dict[str, Any]]) -> str:
-    """The system message that tells the tiny ChatML model which tools it may call (one JSON schema a line)."""
+    """The system message telling the tiny ChatML model which tools it may call (a JSON schema a line)."""
     lines = "\n".join(json.dumps(t["function"]) for t in tools)
     return (
         "You may call these tools:\n"
@@ -111,6 +112,14 @@ SECOND_QUERY: list[Message] = [
     {"role": "user", "content": "What is the weather in Berlin?"},
 ]
 """With tools=TOOLS: a new user turn after a finished tool loop: one get_weather call for Berlin."""
+
+DEEP_ROUNDS: list[tuple[str, str, int]] = [
+    ("Paris", "sunny", 21),
+    ("Berlin", "cloudy", 15),
+    ("Tokyo", "rainy", 14),
+]
+"""(city, conditions, temp_c) of a three-query tool loop: each user turn "What is the weather in {city}?"
+gets one get_weather call, then the tool result, then a plain answer (tools=TOOLS, thinking on or off)."""
 
 # ---- ChatML (SmolLM2's template; tools live in the system message) ----
 

@@ -2,7 +2,7 @@
 
 It speaks SGLang's `/generate` (plain and SSE) and `/model_info`, and takes a script of
 behaviours, one per `/generate` call: "ok", "503", "500", "400", "abort", "drop" (close the
-stream after one chunk), "slow" (sleep past the client's read timeout). It remembers the
+stream after one chunk), "slow" (sleep 3 s, past the test client's read timeout). It remembers the
 rids it was asked to abort. The gateway talks to it through aiohttp, which `respx` cannot
 intercept, so faults are injected here, on the wire, instead.
 """
@@ -65,7 +65,7 @@ def _app(fe: FaultEngine, tokenizer_path: Path, context_length: int) -> Starlett
                 orjson.dumps({"error": {"message": f"injected {action}"}}), status_code=int(action)
             )
         if action == "slow":
-            await asyncio.sleep(30)
+            await asyncio.sleep(3)
         finish = {"type": "stop", "matched": fe.eos}
         if action == "abort":
             finish = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}

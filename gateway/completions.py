@@ -26,7 +26,13 @@ from rlgw.gateway.chat import ModelProfile, StopTrimmer, commit_generation, engi
 from rlgw.gateway.detokenize import IncrementalDetokenizer
 from rlgw.gateway.errors import Conflict, InvalidRequest, json_response
 from rlgw.gateway.ledger import Policy, Violation
-from rlgw.gateway.openai_api import parse_body, session_for_key, session_for_path, sse_stream
+from rlgw.gateway.openai_api import (
+    cancel_on_disconnect,
+    parse_body,
+    session_for_key,
+    session_for_path,
+    sse_stream,
+)
 from rlgw.gateway.sessions import Session
 
 router = APIRouter()
@@ -177,7 +183,8 @@ async def _turn(request: Request, session: Session) -> Response:
     if not req.stream:
         try:
             session.active_rids.add(rid)
-            result = await state.backend.generate(input_ids, sampling, rid=rid, routing_key=session.id)
+            work = state.backend.generate(input_ids, sampling, rid=rid, routing_key=session.id)
+            result = await cancel_on_disconnect(request, work)
             trim = StopTrimmer(stops)
             text = trim.feed(profile.tokenizer.decode(result.output_ids, skip_special_tokens=True))
             text += trim.close(result.finish_reason.get("matched"))

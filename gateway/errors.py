@@ -1,14 +1,15 @@
 """Errors the gateway raises, and their OpenAI-shaped HTTP form.
 
 GatewayError
-├── APIError             an error answered to the caller as OpenAI error JSON
-│   ├── InvalidRequest   400: the request asks for something wrong or unsupported
-│   ├── ContextLengthExceeded  400 `context_length_exceeded`: the prompt does not fit the model
-│   ├── AuthError        401: missing or wrong key
-│   ├── NotFound         404: no such session or object (or another tenant's)
-│   └── Conflict         409: the session is in a state that forbids the call
-└── UpstreamError        the engine failed (502), timed out (504) or is overloaded (503)
-    └── UpstreamAborted  the engine aborted the generation
+└── APIError                   answered to the caller as OpenAI error JSON
+    ├── InvalidRequest         400: the request asks for something wrong or unsupported
+    ├── ContextLengthExceeded  400 `context_length_exceeded`: the prompt does not fit the model
+    ├── AuthError              401: missing or wrong key
+    ├── NotFound               404: no such session or object (or another tenant's)
+    ├── Conflict               409: the session is in a state that forbids the call
+    ├── ClientDisconnected     499: the client left before the reply; the turn was cancelled
+    └── UpstreamError          the engine failed (502), timed out (504) or is overloaded (503)
+        └── UpstreamAborted    the engine aborted the generation
 """
 
 from __future__ import annotations
@@ -75,6 +76,13 @@ class Conflict(APIError):
 
     status = 409
     type = "conflict_error"
+
+
+class ClientDisconnected(APIError):
+    """499 (nginx's code): the client disconnected; the turn was cancelled and not recorded."""
+
+    status = 499
+    type = "client_disconnected"
 
 
 class UpstreamError(APIError):

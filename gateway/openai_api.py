@@ -8,9 +8,11 @@ does not use are ignored; fields it cannot honour are a 400, never a silent chan
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Request
@@ -18,11 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response, StreamingResponse
 
 from rlgw.gateway.chat import ChatParams, run_turn, stream_turn
-from rlgw.gateway.errors import APIError, AuthError, InvalidRequest, json_response
+from rlgw.gateway.errors import APIError, AuthError, ClientDisconnected, InvalidRequest, json_response
 from rlgw.gateway.sessions import Session
 from rlgw.gateway.tenants import bearer_key
 
 router = APIRouter()
+T = TypeVar("T")
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -190,13 +193,39 @@ async def sse_stream(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]])
     yield b"data: [DONE]\n\n"
 
 
+async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client disconnects first.
+
+    Starlette lets a non-streamed handler run on after its client is gone; here that would
+    keep the engine generating for nobody. Cancelling the turn aborts its engine request and
+    leaves the ledger untouched.
+    """
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientDisconnected("the client disconnected before the reply was ready")
+    return task.result()
+
+
 async def chat_completions(request: Request, session: Session) -> Response:
     """Serve one chat turn for `session` (streamed or not)."""
     state = request.app.state
     session.last_active = time.monotonic()
     params = chat_params(ChatCompletionRequest.model_validate(await parse_body(request)))
     if not params.stream:
-        doc = await run_turn(state.backend, state.profile, session, params)
+        doc = await cancel_on_disconnect(request, run_turn(state.backend, state.profile, session, params))
         return json_response(200, doc)
     chunks = await stream_turn(state.backend, state.profile, session, params)
     # Enter the generator now: from here on it owns the session lock and releases it in any case.

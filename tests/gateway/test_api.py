@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -242,3 +243,20 @@ def test_completions_extend_the_text_and_record_one_series(gw: str, fe: FaultEng
         if ch.choices
     )
     assert streamed == "Hello there."
+
+
+def test_a_client_that_leaves_aborts_the_engine_request(gw: str, fe: FaultEngine) -> None:
+    s = session(gw)
+    fe.aborted.clear()
+    fe.script[:] = ["slow"]
+    auth = {"Authorization": f"Bearer {s['api_key']}"}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(s["base_url"] + "/chat/completions", json={"messages": USER}, headers=auth, timeout=0.5)
+    rid = fe.calls[-1]["rid"]
+    for _ in range(50):
+        if rid in fe.aborted:
+            break
+        time.sleep(0.05)
+    assert rid in fe.aborted
+    state = info(gw, s["session_id"])
+    assert state["tokens"] == 0 and state["failed_turns"] == 1

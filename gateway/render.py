@@ -95,6 +95,9 @@ class ChatRenderer:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, config: TemplateConfig = TemplateConfig()) -> None:
         self._tok = tokenizer
+        # A fast tokenizer's backend gives the same ids as `encode(..., add_special_tokens=False)`
+        # unless the wrapper post-processes text (clean-up, normalization done in Python).
+        self._fast = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
         self._config = config
         self._kwargs = dict(config.template_kwargs)
         try:
@@ -114,6 +117,24 @@ class ChatRenderer:
                 f"the chat template closes an assistant turn with {closing!r}, which does not start with "
                 "a special token: the engine's stop token cannot be matched to the template's turn end"
             )
+        self._continuation_uses_tools = self._tools_reach_continuations()
+
+    def _tools_reach_continuations(self) -> bool:
+        """Whether the template writes anything about tools after an assistant turn.
+
+        Most templates (Qwen3, ChatML, Llama 3) render tools once, in the system block at the
+        top; rendering them again in every turn's increment costs time that grows with the tool
+        list, for text that is then thrown away. Templates that do repeat tools later (Mistral
+        puts them before the last user turn) keep getting them.
+        """
+        probe = [{"role": "user", "content": "y"}]
+        tool = {"type": "function", "function": {"name": "rlgw_probe_tool", "parameters": {"type": "object"}}}
+        try:
+            with_tools = self._increment(probe, [tool], True, {})
+            without = self._increment(probe, None, True, {})
+        except GatewayError:
+            return True
+        return with_tools != without
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -180,6 +201,16 @@ class ChatRenderer:
         """
         if not new_messages:
             raise ValueError("render_continuation needs at least one new message")
+        tools = tools if self._continuation_uses_tools else None
+        return self._increment(new_messages, tools, previous_ended_with_eos, kwargs)
+
+    def _increment(
+        self,
+        new_messages: list[dict],
+        tools: list[dict] | None,
+        previous_ended_with_eos: bool,
+        kwargs: Mapping,
+    ) -> list[int]:
         text = self._render([*_ANCHOR, *self.normalize(new_messages)], tools, True, kwargs)
         at = text.find(SENTINEL)
         if at < 0:
@@ -195,6 +226,8 @@ class ChatRenderer:
 
     def tokenize(self, text: str) -> list[int]:
         """Ids of rendered text: special tokens parsed, no BOS/EOS added (templates write their own)."""
+        if self._fast is not None:  # the Rust tokenizer directly: same ids, less Python per call
+            return self._fast.encode(text, add_special_tokens=False).ids
         return self._tok.encode(text, add_special_tokens=False, split_special_tokens=False)
 
     def _assistant_closing(self) -> str:

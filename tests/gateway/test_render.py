@@ -284,14 +284,14 @@ def test_render_continuation_renders_only_the_increment(qwen3: ChatRenderer, mon
         rendered.append((len(msgs), sum(len(m.get("content") or "") for m in msgs)))
         return render(self, *args, **kwargs)
 
-    encode = qwen3.tokenizer.encode
+    tokenize = ChatRenderer.tokenize
 
-    def spy_encode(text, *args, **kwargs):
+    def spy_tokenize(self, text):
         encoded.append(len(text))
-        return encode(text, *args, **kwargs)
+        return tokenize(self, text)
 
     monkeypatch.setattr(jinja2.Template, "render", spy_render)
-    monkeypatch.setattr(qwen3.tokenizer, "encode", spy_encode)
+    monkeypatch.setattr(ChatRenderer, "tokenize", spy_tokenize)
 
     qwen3.render_continuation(new, TOOLS, previous_ended_with_eos=True)
     assert rendered == [(3, len("x") + len(SENTINEL) + len("fresh result"))]

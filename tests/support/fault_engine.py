@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.support.procs import free_port
+from tests.support.procs import serve_in_thread
 
 
 @dataclass
@@ -119,21 +116,6 @@ def fault_engine(tokenizer_path: Path, context_length: int = 4096) -> Iterator[F
     fe = FaultEngine()
     fe.eos = tok.convert_tokens_to_ids("<|im_end|>")
     fe.reply = [*tok.encode("Hello there.", add_special_tokens=False), fe.eos]
-    port = free_port()
-    config = uvicorn.Config(
-        _app(fe, tokenizer_path, context_length), host="127.0.0.1", port=port, log_level="error"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise TimeoutError("fault engine did not start")
-        time.sleep(0.05)
-    fe.url = f"http://127.0.0.1:{port}"
-    try:
+    with serve_in_thread(_app(fe, tokenizer_path, context_length)) as url:
+        fe.url = url
         yield fe
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

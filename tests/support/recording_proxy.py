@@ -7,20 +7,17 @@ the ledger against what the engine actually returned for each request id.
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.support.procs import free_port
+from tests.support.procs import serve_in_thread
 
 
 @dataclass
@@ -93,19 +90,5 @@ def _app(upstream: str, recorder: Recorder) -> Starlette:
 def recording_proxy(upstream: str) -> Iterator[tuple[str, Recorder]]:
     """Serve the proxy on a free loopback port in a thread; yields (url, recorder)."""
     recorder = Recorder()
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(_app(upstream, recorder), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise TimeoutError("recording proxy did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", recorder
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serve_in_thread(_app(upstream, recorder)) as url:
+        yield url, recorder

@@ -2,12 +2,12 @@
 
 This module owns the client side of the gateway's own HTTP API (not the OpenAI surface,
 which agents reach with any OpenAI client): typed results, and the translation of HTTP
-and transport failures into `GatewayError`s. It knows nothing of how the gateway records
+and transport failures into `GatewayClientError`s. It knows nothing of how the gateway records
 or stores; it shares only the `Sample` contract.
 
 Errors::
 
-    GatewayError                  anything this client raises
+    GatewayClientError                  anything this client raises
     ├── GatewayConnectionError    no HTTP answer (refused, reset, timed out)
     └── GatewayHTTPError          the gateway answered 4xx/5xx (`status`, OpenAI `body`)
         ├── GatewayRequestError   4xx: the request was wrong (bad key, unknown session, ...)
@@ -26,15 +26,15 @@ import orjson
 from rlgw.gateway.sample import Sample
 
 
-class GatewayError(Exception):
+class GatewayClientError(Exception):
     """Base of every error raised by `GatewayClient`."""
 
 
-class GatewayConnectionError(GatewayError):
+class GatewayConnectionError(GatewayClientError):
     """The gateway could not be reached or did not answer in time."""
 
 
-class GatewayHTTPError(GatewayError):
+class GatewayHTTPError(GatewayClientError):
     """The gateway answered with an error status; `body` is its OpenAI-style error object."""
 
     def __init__(self, status: int, message: str, body: dict[str, Any] | None, url: str) -> None:

@@ -8,7 +8,7 @@ generation arrives:
   naive gateway does) and against one full decode of the finished output;
 - `OutputParser.feed` on the resulting text pieces, against feeding the whole text at once.
 
-Run: python bench/bench_output_parsing.py [--tokens 8000]
+Run: python bench/parsing.py [--tokens 8000]
 """
 
 from __future__ import annotations

@@ -248,17 +248,17 @@ def commit_generation(
     call_ids: list[str],
     content: str,
     parse_errors: list[ParseError],
+    end_of_turn_id: int | None,
     agent_text: str = "",
 ) -> None:
-    """Commit a finished generation and its prompt increment to the session's ledger."""
+    """Commit a finished generation and its prompt increment to the session's ledger.
+
+    The turn counts as closed only when its last sampled id is the template's end-of-turn
+    token: a generation cut by length, a stop string, or another EOS (Qwen3 also stops on
+    `<|endoftext|>`) gets the template's closing in the next increment, as a full render has it.
+    """
     assert session.ledger is not None
-    matched = result.finish_reason.get("matched")
-    ended = (
-        result.finish_type == "stop"
-        and isinstance(matched, int)
-        and bool(result.output_ids)
-        and result.output_ids[-1] == matched
-    )
+    ended = bool(result.output_ids) and result.output_ids[-1] == end_of_turn_id
     session.ledger.commit(
         TurnCommit(
             new_messages=new_messages,
@@ -279,7 +279,9 @@ def commit_generation(
     )
 
 
-def record_turn(session: Session, prepared: Prepared, out: TurnOutput, response_id: str) -> None:
+def record_turn(
+    profile: ModelProfile, session: Session, prepared: Prepared, out: TurnOutput, response_id: str
+) -> None:
     """Commit a finished chat turn to the session's ledger (when this turn is recorded)."""
     session.turns += 1
     if prepared.new_messages is None or session.ledger is None or not session.ledger.capturing:
@@ -293,6 +295,7 @@ def record_turn(session: Session, prepared: Prepared, out: TurnOutput, response_
         call_ids=out.call_ids,
         content=out.parsed.content,
         parse_errors=out.parsed.errors,
+        end_of_turn_id=profile.renderer.stop_token_ids[0],
     )
 
 
@@ -380,7 +383,7 @@ async def run_turn(
         _check_parallel(params, parsed)
         out = TurnOutput(parsed, [_tool_call_id() for _ in parsed.tool_calls], result)
         response_id = "chatcmpl-" + uuid.uuid4().hex
-        record_turn(session, prepared, out, response_id)
+        record_turn(profile, session, prepared, out, response_id)
     choice: dict[str, Any] = {
         "index": 0,
         "message": _message(parsed, out.call_ids),
@@ -481,7 +484,7 @@ async def _stream_body(
         parsed = decoder.parser.result()
         _check_parallel(params, parsed)
         out = TurnOutput(parsed, call_ids, result)
-        record_turn(session, prepared, out, response_id)
+        record_turn(profile, session, prepared, out, response_id)
         ok = True
         final = {"finish_reason": out.finish_reason, "matched_stop": out.matched_stop}
         yield _chunk(response_id, created, profile.name, {}, **final)

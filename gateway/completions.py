@@ -163,6 +163,7 @@ async def _turn(request: Request, session: Session) -> Response:
                 call_ids=[],
                 content=text,
                 parse_errors=[],
+                end_of_turn_id=None,  # no chat template continues a completions series
                 agent_text=inc_text + text,
             )
 

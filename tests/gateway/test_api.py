@@ -260,3 +260,20 @@ def test_a_client_that_leaves_aborts_the_engine_request(gw: str, fe: FaultEngine
     assert rid in fe.aborted
     state = info(gw, s["session_id"])
     assert state["tokens"] == 0 and state["failed_turns"] == 1
+
+
+def test_a_turn_ended_by_another_eos_is_closed_by_the_template(gw: str, fe: FaultEngine) -> None:
+    s = session(gw)
+    c = client(s)
+    fe.script[:] = ["other_eos"]
+    c.chat.completions.create(model="m", messages=USER)
+    history = [*USER, {"role": "assistant", "content": "Hello there."}, {"role": "user", "content": "more"}]
+    c.chat.completions.create(model="m", messages=history)
+    summary = finish(gw, s["session_id"])
+    doc = httpx.get(gw + f"/v1/trajectories/{summary['samples'][0]['cursor']}", headers=A).json()
+    tokens, n = doc["tokens"], doc["response_length"]
+    p = len(tokens) - n
+    first_end = p + len(fe.reply)
+    # The sampled <|endoftext|> stays (mask 1); the template's <|im_end|> follows it (mask 0).
+    assert tokens[first_end - 1] == fe.other_eos and doc["loss_mask"][len(fe.reply) - 1] == 1
+    assert tokens[first_end] == fe.eos and doc["loss_mask"][len(fe.reply)] == 0

@@ -1,10 +1,10 @@
 """An engine that misbehaves on cue: fault injection over real HTTP for the gateway tests.
 
 It speaks SGLang's `/generate` (plain and SSE) and `/model_info`, and takes a script of
-behaviours, one per `/generate` call: "ok", "503", "500", "400", "abort", "drop" (close the
-stream after one chunk), "slow" (sleep 3 s, past the test client's read timeout). It remembers the
-rids it was asked to abort. The gateway talks to it through aiohttp, which `respx` cannot
-intercept, so faults are injected here, on the wire, instead.
+behaviours, one per `/generate` call: "ok", "503", "500", "400", "abort", "other_eos" (stop
+on `<|endoftext|>`), "drop" (close the stream after one chunk), "slow" (sleep 3 s, past the
+test client's read timeout). It remembers the rids it was asked to abort. The gateway talks
+to it through aiohttp, which `respx` cannot intercept, so faults are injected on the wire.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class FaultEngine:
     aborted: list[str] = field(default_factory=list)
     reply: list[int] = field(default_factory=list)
     eos: int = 0
+    other_eos: int = 0
 
 
 def _app(fe: FaultEngine, tokenizer_path: Path, context_length: int) -> Starlette:
@@ -64,9 +65,13 @@ def _app(fe: FaultEngine, tokenizer_path: Path, context_length: int) -> Starlett
         if action == "slow":
             await asyncio.sleep(3)
         finish = {"type": "stop", "matched": fe.eos}
+        reply = fe.reply
+        if action == "other_eos":  # stopped on a second EOS (Qwen3 also stops on <|endoftext|>)
+            reply = [*fe.reply[:-1], fe.other_eos]
+            finish = {"type": "stop", "matched": fe.other_eos}
         if action == "abort":
             finish = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
-        doc = result(rid, n_in, fe.reply, finish)
+        doc = result(rid, n_in, reply, finish)
         if not body.get("stream"):
             return Response(orjson.dumps(doc), media_type="application/json")
 
@@ -115,6 +120,7 @@ def fault_engine(tokenizer_path: Path, context_length: int = 4096) -> Iterator[F
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
     fe = FaultEngine()
     fe.eos = tok.convert_tokens_to_ids("<|im_end|>")
+    fe.other_eos = tok.convert_tokens_to_ids("<|endoftext|>")
     fe.reply = [*tok.encode("Hello there.", add_special_tokens=False), fe.eos]
     with serve_in_thread(_app(fe, tokenizer_path, context_length)) as url:
         fe.url = url

@@ -329,3 +329,24 @@ def test_eval_mode_serves_and_stores_nothing(qwen3: Stack) -> None:
     summary = finish(qwen3, s["session_id"])
     assert summary["samples"] == [] and summary["segments"] == 0
     assert httpx.get(qwen3.gateway + "/v1/trajectories?limit=1000").text.count("\n") == before
+
+
+def test_stop_string_is_trimmed_for_the_agent_but_kept_in_the_ledger(qwen3: Stack) -> None:
+    kw = {"enable_thinking": False}
+    s = open_session(qwen3, task_id="stop")
+    client = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+    extra = {"chat_template_kwargs": kw}
+    first = client.chat.completions.create(
+        model="m", messages=fp.PLAIN, temperature=0, stop=["Paris"], extra_body=extra
+    ).choices[0]
+    assert first.finish_reason == "stop" and "Paris" not in first.message.content
+    history = [*fp.PLAIN, {"role": "assistant", "content": first.message.content}, *fp.WEATHER]
+    client.chat.completions.create(model="m", messages=history, temperature=0, extra_body=extra)
+    summary = finish(qwen3, s["session_id"])
+    doc = stored(qwen3, summary["samples"][0]["cursor"])
+    tok = qwen3.tokenizer
+    runs = mask_runs(np.asarray(doc["loss_mask"]))
+    p = len(doc["tokens"]) - doc["response_length"]
+    end = p + runs[0][1]
+    assert "Paris" in tok.decode(doc["tokens"][p:end])  # the sampled stop text is in the sample
+    assert tok.decode(doc["tokens"][end : end + 1]) == "<|im_end|>"  # and the template closes the turn

@@ -112,11 +112,48 @@ async def measure(
     return added, direct, through, passthrough, histories
 
 
+async def load(gw: str, user: str, observation: str, tools: list, agents: int, turns: int = 6) -> None:
+    """Many agents at once (8k-token histories): aggregate turns/s and per-turn latency."""
+    latencies: list[float] = []
+    conn = aiohttp.TCPConnector(limit=0)
+
+    async def agent(client: aiohttp.ClientSession) -> None:
+        async with client.post(gw + "/v1/sessions", json={"task_id": "load"}) as r:
+            s = await r.json()
+        headers = {"Authorization": f"Bearer {s['api_key']}", **JSON}
+        messages = [{"role": "user", "content": user}]
+        for turn in range(turns):
+            body = orjson.dumps({"model": "stub", "messages": messages, "tools": tools})
+            t0 = time.perf_counter()
+            async with client.post(s["base_url"] + "/chat/completions", data=body, headers=headers) as r:
+                doc = orjson.loads(await r.read())
+            if turn > 0:  # the first turn renders the whole prompt; the rest are increments
+                latencies.append(time.perf_counter() - t0)
+            msg = doc["choices"][0]["message"]
+            messages.append(msg)
+            for call in msg.get("tool_calls") or []:
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": observation})
+        async with client.post(gw + f"/v1/sessions/{s['session_id']}/finish", json={"reward": 1.0}) as r:
+            await r.read()
+
+    async with aiohttp.ClientSession(connector=conn) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(agent(client) for _ in range(agents)))
+        wall = time.perf_counter() - t0
+    n = agents * turns
+    print(
+        f"load: {agents} concurrent agents x {turns} turns (8k history): {n / wall:.0f} turns/s through one "
+        f"gateway process; incremental-turn latency p50 {statistics.median(latencies) * 1e3:.1f} ms, "
+        f"p99 {pct(latencies, 0.99) * 1e3:.1f} ms (includes queueing behind the other agents)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=25)
     ap.add_argument("--turns", type=int, default=3, help="measured turns per session (after the first)")
     ap.add_argument("--sizes", default="1000,8000,32000")
+    ap.add_argument("--agents", type=int, default=128, help="concurrent agents in the load run (0: skip)")
     args = ap.parse_args()
 
     import subprocess
@@ -187,6 +224,8 @@ def main() -> None:
             print(
                 json.dumps({"added_p50_ms": added_p50, "peer_added_p50_ms": peer_p50, "ratio_hi_lo": ratio})
             )
+            if args.agents:
+                asyncio.run(load(gw, filler(tok, 8000), observation, tools, args.agents))
     finally:
         for proc in (stub, peer_proc):
             proc.terminate()

@@ -8,6 +8,7 @@ opens the trajectory store. One pooled engine client per process lives in the li
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import time
@@ -164,6 +165,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
                     }
                 },
             )
+            # Everything loaded so far (tokenizer, template, modules) lives as long as the process:
+            # keep it out of the cyclic collector's generations so collections stay cheap.
+            gc.freeze()
             sweeper = asyncio.create_task(_sweep_sessions(app, config.session_ttl))
             yield
             sweeper.cancel()

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -69,7 +69,6 @@ class Prepared:
     increment: list[int]
     new_messages: list[dict[str, Any]] | None  # None: this turn is not recorded
     reasoning_forced: bool
-    notes: list[str] = field(default_factory=list)
 
 
 def _tool_call_id() -> str:
@@ -82,12 +81,11 @@ def prepare_turn(profile: ModelProfile, session: Session, params: ChatParams) ->
     renderer = profile.renderer
     messages, tools, kw = params.messages, params.tools, params.template_kwargs
     ledger: Ledger | None = session.ledger
-    notes: list[str] = []
     if ledger is not None and ledger.capturing:
         new = ledger.sync(messages)
         if isinstance(new, Violation) and ledger.is_retry(messages):
             ledger.rollback_last_turn()
-            notes.append("retry: the last turn was rolled back and is generated again")
+            log.info("turn retried", extra={"fields": {"session": session.id, "rolled_back": True}})
             new = ledger.sync(messages)
         if isinstance(new, Violation):
             if session.policy is Policy.REFUSE:
@@ -115,9 +113,9 @@ def prepare_turn(profile: ModelProfile, session: Session, params: ChatParams) ->
                 )
                 input_ids = np.concatenate([seg.ids_view(), np.asarray(inc, dtype=np.int32)])
             assert not isinstance(new, Violation)
-            return Prepared(input_ids, inc, list(new), _forced(profile, inc), notes)
+            return Prepared(input_ids, inc, list(new), _forced(profile, inc))
     ids = renderer.render_prompt(messages, tools, **kw)
-    return Prepared(np.asarray(ids, dtype=np.int32), ids, None, _forced(profile, ids), notes)
+    return Prepared(np.asarray(ids, dtype=np.int32), ids, None, _forced(profile, ids))
 
 
 def _forced(profile: ModelProfile, ids: list[int]) -> bool:

@@ -164,7 +164,9 @@ class SGLangBackend:
 
     def _payload(
         self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], rid: str, stream: bool
-    ) -> bytes:
+    ) -> tuple[bytes, int]:
+        """The `/generate` body, and the top-logprobs count (a request field, not a sampling one)."""
+        sampling = dict(sampling)
         top_n = int(sampling.pop("top_logprobs_num", 0) or 0)
         body: dict[str, Any] = {
             "input_ids": input_ids,
@@ -175,7 +177,7 @@ class SGLangBackend:
         }
         if top_n:
             body["top_logprobs_num"] = top_n
-        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), top_n
 
     async def _post(self, path: str, payload: bytes, routing_key: str) -> aiohttp.ClientResponse:
         """POST with retries on connection errors and 503; returns an open 200 response."""
@@ -219,9 +221,7 @@ class SGLangBackend:
         self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
     ) -> GenerationResult:
         """Generate from `input_ids` and return the sampled ids and their logprobs."""
-        sampling = dict(sampling)
-        top_n = int(sampling.get("top_logprobs_num", 0) or 0)
-        payload = self._payload(input_ids, sampling, rid, stream=False)
+        payload, top_n = self._payload(input_ids, sampling, rid, stream=False)
         try:
             resp = await self._post("/generate", payload, routing_key)
             with _transport_errors(self.base_url):
@@ -245,9 +245,7 @@ class SGLangBackend:
         Reads SGLang's cumulative chunks (0.5.2x) and delta `output_ids` (0.5.5) alike: the ids
         come from the cumulative `output_token_logprobs`, which both versions send.
         """
-        sampling = dict(sampling)
-        top_n = int(sampling.get("top_logprobs_num", 0) or 0)
-        payload = self._payload(input_ids, sampling, rid, stream=True)
+        payload, top_n = self._payload(input_ids, sampling, rid, stream=True)
         seen = 0
         done = False
         try:

@@ -88,16 +88,7 @@ def prepare_turn(profile: ModelProfile, session: Session, params: ChatParams) ->
             log.info("turn retried", extra={"fields": {"session": session.id, "rolled_back": True}})
             new = ledger.sync(messages)
         if isinstance(new, Violation):
-            if session.policy is Policy.REFUSE:
-                raise Conflict(f"{new}; this session's policy is 'refuse'", code="history_rewritten")
-            if session.policy is Policy.PASSTHROUGH:
-                ledger.invalidate(str(new))
-                log.warning(
-                    "capture turned off", extra={"fields": {"session": session.id, "reason": str(new)}}
-                )
-            else:
-                ledger.new_segment(str(new))
-                new = messages
+            new = messages if apply_policy(session, new) else []
         if ledger.capturing:
             seg = ledger.current
             last = seg.last_turn
@@ -105,17 +96,33 @@ def prepare_turn(profile: ModelProfile, session: Session, params: ChatParams) ->
                 inc = renderer.render_prompt(messages, tools, **kw)
                 input_ids = np.asarray(inc, dtype=np.int32)
             else:
-                assert not isinstance(new, Violation)
                 if not new:
                     raise InvalidRequest("no new message since the last assistant turn", param="messages")
                 inc = renderer.render_continuation(
                     new, tools, previous_ended_with_eos=last.ended_with_stop_token, **kw
                 )
                 input_ids = np.concatenate([seg.ids_view(), np.asarray(inc, dtype=np.int32)])
-            assert not isinstance(new, Violation)
             return Prepared(input_ids, inc, list(new), _forced(profile, inc))
     ids = renderer.render_prompt(messages, tools, **kw)
     return Prepared(np.asarray(ids, dtype=np.int32), ids, None, _forced(profile, ids))
+
+
+def apply_policy(session: Session, violation: Violation) -> bool:
+    """Apply the session's policy to a rewritten history; True if capture goes on (new segment).
+
+    `refuse` raises 409 and changes nothing; `passthrough` turns capture off for the session;
+    `segment` closes the current segment and opens a new one that starts from this request.
+    """
+    ledger = session.ledger
+    assert ledger is not None
+    if session.policy is Policy.REFUSE:
+        raise Conflict(f"{violation}; this session's policy is 'refuse'", code="history_rewritten")
+    if session.policy is Policy.PASSTHROUGH:
+        ledger.invalidate(str(violation))
+        log.warning("capture turned off", extra={"fields": {"session": session.id, "reason": str(violation)}})
+        return False
+    ledger.new_segment(str(violation))
+    return True
 
 
 def _forced(profile: ModelProfile, ids: list[int]) -> bool:

@@ -22,10 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response, StreamingResponse
 
 from rlgw.gateway.backend import GenerationResult, new_rid
-from rlgw.gateway.chat import ModelProfile, StopTrimmer, commit_generation, engine_sampling
+from rlgw.gateway.chat import ModelProfile, StopTrimmer, apply_policy, commit_generation, engine_sampling
 from rlgw.gateway.detokenize import IncrementalDetokenizer
-from rlgw.gateway.errors import Conflict, InvalidRequest, json_response
-from rlgw.gateway.ledger import Policy, Violation
+from rlgw.gateway.errors import InvalidRequest, json_response
+from rlgw.gateway.ledger import Violation
 from rlgw.gateway.openai_api import (
     cancel_on_disconnect,
     parse_body,
@@ -72,14 +72,8 @@ def _prepare(
 
     if ledger is not None and ledger.capturing:
         new = ledger.sync_prompt(req.prompt)
-        if isinstance(new, Violation):
-            if session.policy is Policy.REFUSE:
-                raise Conflict(f"{new}; this session's policy is 'refuse'", code="history_rewritten")
-            if session.policy is Policy.PASSTHROUGH:
-                ledger.invalidate(str(new))
-            else:
-                ledger.new_segment(str(new))
-                new = req.prompt
+        if isinstance(new, Violation) and apply_policy(session, new):
+            new = req.prompt
         if ledger.capturing:
             seg = ledger.current
             first = not seg.turns

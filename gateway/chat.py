@@ -59,6 +59,9 @@ class ChatParams:
     include_usage: bool
     template_kwargs: dict[str, Any]
     separate_reasoning: bool = True
+    # The API surface the request came through (chat, messages, responses): a session that
+    # switches surfaces opens a new segment with cause `mode_switch`.
+    surface: str = "chat"
 
 
 @dataclass

@@ -50,6 +50,9 @@ class Session:
     failed_turns: int = 0
     active_rids: set[str] = field(default_factory=set)
     summary: dict[str, Any] | None = None  # the finish summary, kept so a retried finish gets it
+    # Responses API: response id -> the conversation items up to and including that response, so a
+    # follow-up with `previous_response_id` can send only its new items.
+    conversations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         """The public view of the session (no key)."""

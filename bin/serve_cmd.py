@@ -38,8 +38,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--engine-port", type=int, default=0, help="embedded engine's port (default: a free one)")
     p.add_argument("--engine-threads", type=int, default=None, help="embedded engine's torch threads")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the gateway listens on (default: 127.0.0.1; 0.0.0.0: all)",
+    )
+    p.add_argument("--port", type=int, default=8000, help="port the gateway listens on (default: 8000)")
     p.add_argument(
         "--data-dir", type=Path, default=None, help="trajectory store dir (default: ~/.local/share/rlgw)"
     )
@@ -48,10 +52,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--chat-template", help="a Jinja chat template (file path or text) overriding the tokenizer's"
     )
     p.add_argument(
-        "--tool-parser", default="auto", choices=["auto", "none", "hermes", "qwen25", "qwen", "qwen3_coder"]
+        "--tool-parser",
+        default="auto",
+        choices=["auto", "none", "hermes", "qwen25", "qwen", "qwen3_coder"],
+        help="how tool calls are read from the model's output (default: auto, from the chat template)",
     )
-    p.add_argument("--reasoning-parser", default="auto", choices=["auto", "none", "qwen3"])
-    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=["auto", "none", "qwen3"],
+        help="how <think> reasoning is split from the answer (default: auto, from the chat template)",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="the model's context window in tokens (default: from the engine or the model's config)",
+    )
     p.add_argument(
         "--policy",
         default="segment",
@@ -87,6 +104,23 @@ def _tenant_keys(args: argparse.Namespace) -> dict[str, str]:
             raise SystemExit("RLGW_TENANT_KEYS must look like 'tenant:key,tenant2:key2'")
         pairs[key] = tenant
     return pairs
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on (one line), or None if it can.
+
+    Checked before anything is loaded, so a second `rlgw serve` fails in a second, not after
+    the engine has started. The probe socket sets SO_REUSEADDR as uvicorn does, so a port left
+    in TIME_WAIT by a previous run is not reported busy.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc} (another rlgw serve? pick --port)"
+    return None
 
 
 def _free_port() -> int:
@@ -132,6 +166,9 @@ def embedded_engine(args: argparse.Namespace) -> Iterator[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Start the gateway (and the embedded engine if needed) until interrupted."""
+    if problem := port_in_use(args.host, args.port):
+        print(f"rlgw serve: {problem}", file=sys.stderr)
+        return 2
     import uvicorn
 
     from rlgw.gateway.app import GatewayConfig, create_app

@@ -1,7 +1,8 @@
-"""`rlgw trajectories list|show|export`: read a trajectory store's SQLite file directly, read-only.
+"""`rlgw trajectories list|show|export|view`: read a trajectory store's SQLite file directly, read-only.
 
 This module owns the command line and the export formats (JSONL, Parquet); the on-disk
-format belongs to `rlgw.gateway.store`. It works with the gateway running or stopped.
+format belongs to `rlgw.gateway.store` and the web pages of `view` to `rlgw.gateway.viewer`.
+It works with the gateway running or stopped.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ examples:
   rlgw trajectories list --tenant team-a --after 1200
   rlgw trajectories show 1234
   rlgw trajectories export --format parquet --out batch.parquet --after 1200
-  rlgw trajectories export --format jsonl --out - | head -c 1000
+  rlgw trajectories export --format jsonl | head -c 1000
+  rlgw trajectories view --tokenizer tests/fixtures/tiny-qwen3   # then open http://127.0.0.1:8001/ui
 """
 EXPORT_BATCH = 64
 
@@ -56,14 +58,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--limit", type=int, default=100, help="at most this many rows (default: 100)")
 
     show = actions.add_parser("show", parents=[common], help="one sample as JSON")
-    show.add_argument("cursor", type=int)
+    show.add_argument("cursor", type=int, help="the sample's cursor (the first column of `list`)")
 
     ex = actions.add_parser(
         "export", parents=[common], help="write samples as JSONL or Parquet (slime field names)"
     )
     ex.add_argument("--format", choices=("jsonl", "parquet"), required=True)
-    ex.add_argument("--out", required=True, help="output file ('-' for stdout, jsonl only)")
+    ex.add_argument("--out", default="-", help="output file (default: '-', stdout; parquet needs a file)")
     ex.add_argument("--after", type=int, default=0, help="only samples with a cursor above this")
+
+    view = actions.add_parser(
+        "view", parents=[common], help="serve the trajectory viewer (web pages at /ui) on this store"
+    )
+    view.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    view.add_argument("--port", type=int, default=8001, help="port to listen on (default: 8001)")
+    view.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer dir to show token text (default: none, token ids are shown)",
+    )
     p.set_defaults(func=run)
 
 
@@ -72,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     from rlgw.gateway.store import StoreError, TrajectoryStore, default_data_dir
 
     data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
+    if args.action == "view":
+        return _view(data_dir, args)
     try:
         store = TrajectoryStore.open_readonly(data_dir)
     except StoreError as exc:
@@ -85,6 +100,42 @@ def run(args: argparse.Namespace) -> int:
         return _export(store, args)
     finally:
         store.close_sync()
+
+
+def _view(data_dir: Path, args: argparse.Namespace) -> int:
+    """Serve the viewer on the store until interrupted (its own read-only connection)."""
+    import uvicorn
+
+    from rlgw.bin.serve_cmd import port_in_use
+    from rlgw.gateway.store import StoreError, TrajectoryStore
+    from rlgw.gateway.viewer import viewer_app
+
+    if problem := port_in_use(args.host, args.port):
+        print(f"rlgw trajectories view: {problem}", file=sys.stderr)
+        return 2
+    try:
+        store = TrajectoryStore.open_readonly(data_dir)
+    except StoreError as exc:
+        print(f"rlgw trajectories: {exc}", file=sys.stderr)
+        return 2
+    tokenizer = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    scope = f"tenant {args.tenant}" if args.tenant else "all tenants"
+    print(f"rlgw trajectories view: http://{args.host}:{args.port}/ui ({data_dir}, {scope})", file=sys.stderr)
+    try:
+        uvicorn.run(
+            viewer_app(store, scope=args.tenant, tokenizer=tokenizer),
+            host=args.host,
+            port=args.port,
+            log_config=None,
+            access_log=False,
+        )
+    finally:
+        store.close_sync()
+    return 0
 
 
 def _list(store: TrajectoryStore, args: argparse.Namespace) -> int:
@@ -126,6 +177,16 @@ def _show(store: TrajectoryStore, args: argparse.Namespace) -> int:
 def _export(store: TrajectoryStore, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    if args.format == "parquet":
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError as exc:
+            print(
+                f"rlgw trajectories: parquet export needs pyarrow ({exc}); install rlgw's `parquet` "
+                "extra: pip install -e '.[parquet]' in a checkout, or pip install 'pyarrow>=15'",
+                file=sys.stderr,
+            )
+            return 2
     total = store.count_sync(args.tenant, after=args.after)
     samples = store.iter_sync(args.tenant, after=args.after, batch=EXPORT_BATCH)
     progress = tqdm(total=total, unit="sample", file=sys.stderr, mininterval=0.5, desc="export")

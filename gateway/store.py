@@ -130,6 +130,39 @@ class StoredSample:
         return orjson.dumps(doc, option=_JSON_OPTS)
 
 
+_SUMMARY_COLUMNS = (
+    "cursor, tenant, session_id, task_id, segment, created_at, rollout_id, group_index, status, reward, "
+    "response_length, trainable_tokens, weight_versions, metadata"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleSummary:
+    """A stored sample's row without its token arrays: what a listing shows."""
+
+    cursor: int
+    tenant: str
+    session_id: str
+    task_id: str
+    segment: int
+    created_at: float
+    rollout_id: str
+    group_index: int
+    status: str
+    reward: float | None
+    response_length: int
+    trainable_tokens: int
+    weight_versions: list[VersionSpan]
+    metadata: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> SampleSummary:
+        """Build from a `_SUMMARY_COLUMNS` row."""
+        *head, versions, metadata = row
+        spans = [VersionSpan(v, s, e) for v, s, e in orjson.loads(versions)]
+        return cls(*head, weight_versions=spans, metadata=orjson.loads(metadata))
+
+
 def default_data_dir() -> Path:
     """`$RLGW_DATA_DIR`, else `$XDG_DATA_HOME/rlgw`, else `~/.local/share/rlgw`."""
     if env := os.environ.get("RLGW_DATA_DIR"):
@@ -411,6 +444,31 @@ class TrajectoryStore:
             return None
         return _from_row(row)
 
+    def summaries_sync(
+        self,
+        tenant: str | None,
+        *,
+        after: int = 0,
+        before: int | None = None,
+        limit: int = 100,
+        newest_first: bool = False,
+    ) -> list[SampleSummary]:
+        """Samples with `after` < cursor < `before`, without their token arrays (nothing to decompress).
+
+        For listings (the viewer): `newest_first` walks the (tenant, cursor) index backwards.
+        """
+        where, args = ["cursor > ?"], [after]
+        if before is not None:
+            where.append("cursor < ?")
+            args.append(before)
+        if tenant is not None:
+            where.append("tenant = ?")
+            args.append(tenant)
+        order = "DESC" if newest_first else "ASC"
+        query = f"SELECT {_SUMMARY_COLUMNS} FROM samples WHERE {' AND '.join(where)} ORDER BY cursor {order}"
+        rows = self._reader.execute(query + " LIMIT ?", (*args, limit)).fetchall()
+        return [SampleSummary.from_row(r) for r in rows]
+
     def count_sync(self, tenant: str | None, *, after: int = 0) -> int:
         """How many samples have cursor > `after` (for `tenant`, or all)."""
         if tenant is None:
@@ -440,6 +498,10 @@ class TrajectoryStore:
     async def get(self, tenant: str, cursor: int) -> StoredSample | None:
         """The tenant's sample at `cursor`, or None (also when it belongs to another tenant)."""
         return await self._read(self.get_sync, tenant, cursor)
+
+    async def summaries(self, tenant: str | None, **kwargs: Any) -> list[SampleSummary]:
+        """`summaries_sync` on the reader thread."""
+        return await self._read(self.summaries_sync, tenant, **kwargs)
 
     async def wait(self, tenant: str, *, after: int, timeout: float) -> None:  # noqa: ASYNC109
         """Return once the tenant has a sample with cursor > `after`, or after `timeout` seconds.

@@ -38,6 +38,7 @@ class RejectReason(enum.StrEnum):
     BAD_TOKEN = "bad_token"  # negative or out-of-vocab id
     CAPTURE_INVALID = "capture_invalid"  # the ledger was invalidated (passthrough policy)
     VERSION_SPANS = "version_spans"  # weight-version spans do not tile the response
+    BAD_REWARD = "bad_reward"  # NaN or infinite reward
 
 
 @dataclass(slots=True)
@@ -172,4 +173,4 @@ def validate_sample(sample: Sample, vocab_size: int | None = None) -> None:
     if pos != n:
         raise SampleRejected(RejectReason.VERSION_SPANS, f"spans cover {pos} of {n} response tokens")
     if sample.reward is not None and not math.isfinite(sample.reward):
-        raise SampleRejected(RejectReason.BAD_LOGPROB, "reward is not finite")
+        raise SampleRejected(RejectReason.BAD_REWARD, f"reward is {sample.reward}")

@@ -1,0 +1,174 @@
+"""The hand-off contract: one malformed sample per reject reason, each refused with its own reason.
+
+A trainer trusts a sample because the gateway validated it, so every check in `validate_sample`
+has a sample here that only that check refuses (and a valid neighbour that it lets through).
+`capture_invalid` is not a property of a sample: the finish path gives it to every segment of a
+passthrough session (tests/gateway/test_api.py, the passthrough policy test).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlgw.gateway.sample import (
+    RejectReason,
+    Sample,
+    SampleRejected,
+    SampleStatus,
+    VersionSpan,
+    validate_sample,
+)
+
+VOCAB = 1000
+PROMPT = [11, 12, 13, 14]
+# Response: 3 sampled tokens, 2 tool-observation tokens (mask 0), 2 sampled tokens.
+RESPONSE = [21, 22, 23, 31, 32, 24, 25]
+MASK = [1, 1, 1, 0, 0, 1, 1]
+LOGPROBS = [-0.1, -2.0, -0.5, 0.0, 0.0, -1.5, -0.01]
+
+
+def sample(**change: Any) -> Sample:
+    """A valid sample (two weight versions, a tool observation), with `change` applied."""
+    fields: dict[str, Any] = {
+        "tokens": np.asarray(PROMPT + RESPONSE, dtype=np.int32),
+        "response_length": len(RESPONSE),
+        "loss_mask": np.asarray(MASK, dtype=np.uint8),
+        "rollout_log_probs": np.asarray(LOGPROBS, dtype=np.float32),
+        "reward": 1.0,
+        "status": SampleStatus.COMPLETED,
+        "rollout_id": "r-1",
+        "group_index": 0,
+        "weight_versions": [VersionSpan("v1", 0, 5), VersionSpan("v2", 5, 7)],
+    }
+    fields.update(change)
+    return Sample(**fields)
+
+
+def rejected(s: Sample, vocab_size: int | None = VOCAB) -> RejectReason:
+    with pytest.raises(SampleRejected) as err:
+        validate_sample(s, vocab_size)
+    assert str(err.value).startswith(f"{err.value.reason}: ")
+    return err.value.reason
+
+
+def with_logprob(at: int, value: float) -> Sample:
+    lp = np.asarray(LOGPROBS, dtype=np.float32)
+    lp[at] = value
+    return sample(rollout_log_probs=lp)
+
+
+def test_the_valid_sample_passes_with_and_without_a_vocabulary() -> None:
+    validate_sample(sample(), VOCAB)
+    validate_sample(sample(), None)
+    validate_sample(sample(reward=None))  # not scored yet is allowed
+    validate_sample(sample(reward=-3.5))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"response_length": 0},
+        {"tokens": np.asarray(RESPONSE, dtype=np.int32)},  # no prompt before the response
+        {"tokens": np.asarray(RESPONSE[:5], dtype=np.int32)},  # fewer tokens than the response
+        {"loss_mask": np.zeros(len(RESPONSE), dtype=np.uint8)},  # nothing to train on
+    ],
+    ids=["no-response", "no-prompt", "short-tokens", "no-trainable-token"],
+)
+def test_empty(change: dict[str, Any]) -> None:
+    assert rejected(sample(**change)) is RejectReason.EMPTY
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"loss_mask": np.asarray(MASK[:-2], dtype=np.uint8)},
+        {"loss_mask": np.asarray([*MASK, 1], dtype=np.uint8)},
+        {"rollout_log_probs": np.asarray(LOGPROBS[:-1], dtype=np.float32)},
+        {"rollout_log_probs": np.asarray([*LOGPROBS, -0.3], dtype=np.float32)},
+    ],
+    ids=["mask-short", "mask-long", "logprobs-short", "logprobs-long"],
+)
+def test_length_mismatch_is_a_reject_not_an_index_error(change: dict[str, Any]) -> None:
+    # A mask shorter than the response would make the logprob check index out of bounds:
+    # the length check must come first and name the problem.
+    assert rejected(sample(**change)) is RejectReason.LENGTH_MISMATCH
+
+
+def test_bad_mask_values_and_a_response_that_starts_on_an_observation() -> None:
+    two = np.asarray(MASK, dtype=np.uint8)
+    two[1] = 2
+    assert rejected(sample(loss_mask=two)) is RejectReason.BAD_MASK
+    starts_on_observation = np.asarray([0, *MASK[1:]], dtype=np.uint8)
+    assert rejected(sample(loss_mask=starts_on_observation)) is RejectReason.BAD_MASK
+
+
+@pytest.mark.parametrize("value", [0.7, 1e-3, math.nan, math.inf, -math.inf])
+def test_bad_logprob_on_a_trainable_token(value: float) -> None:
+    assert rejected(with_logprob(1, value)) is RejectReason.BAD_LOGPROB
+    assert rejected(with_logprob(6, value)) is RejectReason.BAD_LOGPROB  # the last sampled token too
+
+
+def test_logprobs_are_only_checked_where_the_mask_is_one() -> None:
+    # Observation positions carry no logprob; whatever sits there is not the engine's.
+    validate_sample(with_logprob(3, 0.7))
+    validate_sample(with_logprob(4, math.nan))
+    # A logprob of exactly 0 (a certain token) is a valid logprob.
+    validate_sample(with_logprob(0, 0.0))
+
+
+def test_bad_token_ids() -> None:
+    tokens = np.asarray(PROMPT + RESPONSE, dtype=np.int32)
+    negative = tokens.copy()
+    negative[0] = -1
+    assert rejected(sample(tokens=negative)) is RejectReason.BAD_TOKEN
+    assert rejected(sample(tokens=negative), None) is RejectReason.BAD_TOKEN
+    at_vocab = tokens.copy()
+    at_vocab[-1] = VOCAB  # one past the last id
+    assert rejected(sample(tokens=at_vocab)) is RejectReason.BAD_TOKEN
+    validate_sample(sample(tokens=at_vocab), VOCAB + 1)  # the last id itself is fine
+    validate_sample(sample(tokens=at_vocab), None)  # no vocabulary: only negatives are wrong
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        [],
+        [VersionSpan("v1", 0, 5)],  # stops short of the response's end
+        [VersionSpan("v1", 0, 5), VersionSpan("v2", 5, 8)],  # runs past it
+        [VersionSpan("v1", 1, 5), VersionSpan("v2", 5, 7)],  # does not start at 0
+        [VersionSpan("v1", 0, 4), VersionSpan("v2", 5, 7)],  # a gap
+        [VersionSpan("v1", 0, 5), VersionSpan("v2", 4, 7)],  # an overlap
+        [VersionSpan("v1", 0, 5), VersionSpan("v2", 5, 5), VersionSpan("v3", 5, 7)],  # an empty span
+        [VersionSpan("v1", 0, 7), VersionSpan("v2", 7, 6)],  # a backwards span
+    ],
+    ids=["none", "short", "long", "late-start", "gap", "overlap", "empty", "backwards"],
+)
+def test_version_spans_must_tile_the_response(spans: list[VersionSpan]) -> None:
+    assert rejected(sample(weight_versions=spans)) is RejectReason.VERSION_SPANS
+
+
+def test_one_span_over_the_whole_response_is_valid() -> None:
+    validate_sample(sample(weight_versions=[VersionSpan("v1", 0, len(RESPONSE))]))
+
+
+@pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_reward_has_its_own_reason(reward: float) -> None:
+    assert rejected(sample(reward=reward)) is RejectReason.BAD_REWARD
+
+
+def test_every_reason_that_validate_sample_gives_has_a_test_here() -> None:
+    # capture_invalid is the finish path's, for passthrough sessions (see the module docstring).
+    tested = {
+        RejectReason.EMPTY,
+        RejectReason.LENGTH_MISMATCH,
+        RejectReason.BAD_MASK,
+        RejectReason.BAD_LOGPROB,
+        RejectReason.BAD_TOKEN,
+        RejectReason.VERSION_SPANS,
+        RejectReason.BAD_REWARD,
+    }
+    assert set(RejectReason) - tested == {RejectReason.CAPTURE_INVALID}

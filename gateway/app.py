@@ -8,8 +8,8 @@ opens the trajectory store. One pooled engine client per process lives in the li
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -21,18 +21,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from rlgw.gateway import completions, openai_api, sessions_api, trajectories_api
+from rlgw.gateway import anthropic_api, completions, openai_api, responses_api, sessions_api, trajectories_api
 from rlgw.gateway.backend import SGLangBackend
-from rlgw.gateway.chat import ModelProfile
-from rlgw.gateway.errors import UpstreamError, install_error_handlers, json_response
+from rlgw.gateway.errors import StartupError, UpstreamError, install_error_handlers, json_response
 from rlgw.gateway.ledger import Policy
-from rlgw.gateway.reasoning import detect_reasoning
-from rlgw.gateway.render import ChatRenderer, TemplateConfig, read_chat_template
+from rlgw.gateway.profile import ModelProfile, build_profile
 from rlgw.gateway.sessions import SessionTable
 from rlgw.gateway.store import TrajectoryStore
 from rlgw.gateway.template_probe import probe_template
 from rlgw.gateway.tenants import KeyTable
-from rlgw.gateway.tool_calls import detect_tool_format, normalize_tool_format
 
 log = logging.getLogger(__name__)
 
@@ -69,52 +66,6 @@ async def _engine_info(backend: SGLangBackend, wait: float) -> dict[str, Any]:
             await asyncio.sleep(0.5)
 
 
-def _context_length(config: GatewayConfig, info: dict[str, Any], tokenizer_dir: Path) -> int:
-    if config.context_length:
-        return config.context_length
-    for key in ("max_context_length", "context_length", "max_total_num_tokens"):
-        if isinstance(info.get(key), int) and info[key] > 0:
-            return int(info[key])
-    cfg = tokenizer_dir / "config.json"
-    if cfg.is_file():
-        value = json.loads(cfg.read_text()).get("max_position_embeddings")
-        if isinstance(value, int) and value > 0:
-            return value
-    raise UpstreamError("cannot tell the model's context length: pass --context-length")
-
-
-def build_profile(config: GatewayConfig, info: dict[str, Any]) -> ModelProfile:
-    """Load the tokenizer and template the engine serves and decide how to parse outputs."""
-    from transformers import AutoTokenizer
-
-    tok_path = config.tokenizer or info.get("tokenizer_path") or info.get("model_path")
-    if not tok_path:
-        raise UpstreamError("the engine's /model_info names no tokenizer_path: pass --tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(tok_path)
-    template = read_chat_template(config.chat_template) if config.chat_template else None
-    renderer = ChatRenderer(tokenizer, TemplateConfig(chat_template=template))
-    template_text = template or tokenizer.chat_template or ""
-    if config.tool_parser == "auto":
-        tool_format = detect_tool_format(template_text)
-    else:
-        tool_format = None if config.tool_parser == "none" else normalize_tool_format(config.tool_parser)
-    if config.reasoning_parser == "auto":
-        reasoning = detect_reasoning(template_text)
-    else:
-        reasoning = config.reasoning_parser == "qwen3"
-    think = tuple(tokenizer.encode("<think>\n", add_special_tokens=False)) if reasoning else ()
-    name = config.served_model_name or info.get("served_model_name") or Path(str(tok_path)).name
-    return ModelProfile(
-        name=str(name),
-        tokenizer=tokenizer,
-        renderer=renderer,
-        context_length=_context_length(config, info, Path(str(tok_path))),
-        tool_format=tool_format,
-        reasoning=reasoning,
-        think_start_ids=think,
-    )
-
-
 async def _sweep_sessions(app: FastAPI, ttl: float) -> None:
     """Forget sessions idle longer than `ttl`: an agent that died must not hold memory forever."""
     while True:
@@ -138,10 +89,21 @@ def create_app(config: GatewayConfig) -> FastAPI:
         store = TrajectoryStore.open(config.data_dir)
         try:
             info = await _engine_info(backend, config.engine_wait)
-            profile = await asyncio.to_thread(build_profile, config, info)
+            profile = await asyncio.to_thread(
+                functools.partial(
+                    build_profile,
+                    info,
+                    tokenizer=config.tokenizer,
+                    chat_template=config.chat_template,
+                    tool_parser=config.tool_parser,
+                    reasoning_parser=config.reasoning_parser,
+                    context_length=config.context_length,
+                    served_model_name=config.served_model_name,
+                )
+            )
             report = probe_template(profile.renderer)
             if not report.increment_matches_full_render and not config.allow_template_mismatch:
-                raise RuntimeError(
+                raise StartupError(
                     "the chat template cannot be rendered incrementally without changing what the model "
                     f"would see ({report.summary()}); fix the template (--chat-template) or start with "
                     "--allow-template-mismatch"
@@ -187,11 +149,14 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.include_router(completions.router)
     app.include_router(sessions_api.router)
     app.include_router(trajectories_api.router)
+    app.include_router(anthropic_api.router)
+    app.include_router(responses_api.router)
 
     @app.get("/health")
     async def health(request: Request) -> Response:
         """200 once start-up finished."""
-        return json_response(200, {"status": "ok", "sessions": len(request.app.state.sessions)})
+        open_, finished = request.app.state.sessions.counts()
+        return json_response(200, {"status": "ok", "sessions": {"open": open_, "finished": finished}})
 
     @app.get("/v1/gateway/info")
     async def info(request: Request) -> Response:

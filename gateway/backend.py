@@ -58,10 +58,13 @@ class GenerationResult:
 
 @dataclass(slots=True)
 class StreamUpdate:
-    """Output ids that arrived since the previous update; `result` is set on the last one."""
+    """Output ids (and their logprobs) that arrived since the previous update; `result` is set on
+    the last one. `new_top` holds the top logprobs of the new ids when they were asked for."""
 
     new_ids: list[int]
     result: GenerationResult | None = None
+    new_logprobs: list[float] = field(default_factory=list)
+    new_top: list[list[tuple[float, int]]] | None = None
 
 
 class ModelBackend(Protocol):
@@ -264,11 +267,22 @@ class SGLangBackend:
                         if "error" in doc:
                             raise UpstreamError(f"engine stream error: {_error_message(data)}")
                         last = doc
-                        triples = (doc.get("meta_info") or {}).get("output_token_logprobs") or []
+                        meta = doc.get("meta_info") or {}
+                        triples = meta.get("output_token_logprobs") or []
                         if len(triples) > seen:
-                            new = [int(t[1]) for t in triples[seen:]]
+                            fresh = triples[seen:]
+                            top = None
+                            if top_n and meta.get("output_top_logprobs") is not None:
+                                rows = meta["output_top_logprobs"][seen:]
+                                top = [[(float(e[0]), int(e[1])) for e in (row or [])] for row in rows]
                             seen = len(triples)
-                            yield StreamUpdate(new)
+                            yield StreamUpdate(
+                                [int(t[1]) for t in fresh],
+                                new_logprobs=[
+                                    float(t[0]) if t[0] is not None else float("nan") for t in fresh
+                                ],
+                                new_top=top,
+                            )
             if last is None or (last.get("meta_info") or {}).get("finish_reason") is None:
                 raise UpstreamError("the engine's stream ended before the generation finished")
             result = _parse_result(last, rid, top_n)

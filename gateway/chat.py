@@ -1,8 +1,10 @@
 """One chat turn: ledger sync, incremental rendering, generation, parsing, recording.
 
-This is the data flow of DESIGN.md ("Data flow of one turn") in code. The OpenAI request
-and response shapes live in `openai_api.py`; this module turns a validated request into
-engine calls and ledger commits, and yields OpenAI response objects (or SSE chunks).
+This is the data flow of the architecture document ("Data flow of one turn") in code, for any
+surface that speaks in messages (Chat Completions, Anthropic Messages, OpenAI Responses): each
+translates its request into `ChatParams` and its response from what this module returns or
+yields. The lifecycle (lock, counters, commit) is `turn.py`'s; the response shapes are the
+surfaces'. This module knows nothing about HTTP or any wire format.
 
 Streamed and non-streamed turns share everything but the transport: the same detokenizer
 and the same output parser see the same ids, so they return and record the same thing.
@@ -10,37 +12,22 @@ and the same output parser see the same ids, so they return and record the same 
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from rlgw.gateway.backend import GenerationResult, ModelBackend, new_rid
-from rlgw.gateway.detokenize import IncrementalDetokenizer
-from rlgw.gateway.errors import Conflict, ContextLengthExceeded, InvalidRequest
-from rlgw.gateway.ledger import Ledger, Policy, TurnCommit, Violation
+from rlgw.gateway.backend import GenerationResult, ModelBackend
+from rlgw.gateway.detokenize import IncrementalDetokenizer, StopTrimmer
+from rlgw.gateway.errors import InvalidRequest
+from rlgw.gateway.ledger import Synced, Violation, canonical_arguments, tools_digest
 from rlgw.gateway.output_parser import OutputParser, ParsedOutput, ParseError, ParserEvent, ToolCall
-from rlgw.gateway.render import ChatRenderer
+from rlgw.gateway.profile import ModelProfile
 from rlgw.gateway.sessions import Session
-
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class ModelProfile:
-    """What the gateway knows about the served model (from the engine and the template)."""
-
-    name: str
-    tokenizer: Any
-    renderer: ChatRenderer
-    context_length: int
-    tool_format: str | None
-    reasoning: bool
-    think_start_ids: tuple[int, ...] = ()
+from rlgw.gateway.turn import Plan, Turn, commit, decide, duplicate_cause, engine_sampling, turn_scope
 
 
 @dataclass
@@ -62,151 +49,30 @@ class ChatParams:
     # The API surface the request came through (chat, messages, responses): a session that
     # switches surfaces opens a new segment with cause `mode_switch`.
     surface: str = "chat"
+    event: str | None = None  # a segment cause the agent states (`X-Rlgw-Event`)
+    arrived: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One sampled token's logprob (and its alternatives) as the agent is shown it."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
 
 
 @dataclass
-class Prepared:
-    """The engine input for a turn, and what the ledger will record if it succeeds."""
+class ChatTurn:
+    """A finished chat turn: what the agent receives (the ledger has recorded it already)."""
 
-    input_ids: np.ndarray
-    increment: list[int]
-    new_messages: list[dict[str, Any]] | None  # None: this turn is not recorded
-    reasoning_forced: bool
-
-
-def _tool_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-def prepare_turn(profile: ModelProfile, session: Session, params: ChatParams) -> Prepared:
-    """Sync the ledger with the incoming history and build the engine input (no side effects
-    on the ledger except those its policy demands: a new segment, or passthrough)."""
-    renderer = profile.renderer
-    messages, tools, kw = params.messages, params.tools, params.template_kwargs
-    ledger: Ledger | None = session.ledger
-    if ledger is not None and ledger.capturing:
-        new = ledger.sync(messages)
-        if isinstance(new, Violation) and ledger.is_retry(messages):
-            ledger.rollback_last_turn()
-            log.info("turn retried", extra={"fields": {"session": session.id, "rolled_back": True}})
-            new = ledger.sync(messages)
-        if isinstance(new, Violation):
-            new = messages if apply_policy(session, new) else []
-        if ledger.capturing:
-            seg = ledger.current
-            last = seg.last_turn
-            if last is None:
-                inc = renderer.render_prompt(messages, tools, **kw)
-                input_ids = np.asarray(inc, dtype=np.int32)
-            else:
-                if not new:
-                    raise InvalidRequest("no new message since the last assistant turn", param="messages")
-                inc = renderer.render_continuation(
-                    new, tools, previous_ended_with_eos=last.ended_with_stop_token, **kw
-                )
-                input_ids = np.concatenate([seg.ids_view(), np.asarray(inc, dtype=np.int32)])
-            return Prepared(input_ids, inc, list(new), _forced(profile, inc))
-    ids = renderer.render_prompt(messages, tools, **kw)
-    return Prepared(np.asarray(ids, dtype=np.int32), ids, None, _forced(profile, ids))
-
-
-def apply_policy(session: Session, violation: Violation) -> bool:
-    """Apply the session's policy to a rewritten history; True if capture goes on (new segment).
-
-    `refuse` raises 409 and changes nothing; `passthrough` turns capture off for the session;
-    `segment` closes the current segment and opens a new one that starts from this request.
-    """
-    ledger = session.ledger
-    assert ledger is not None
-    if session.policy is Policy.REFUSE:
-        raise Conflict(f"{violation}; this session's policy is 'refuse'", code="history_rewritten")
-    if session.policy is Policy.PASSTHROUGH:
-        ledger.invalidate(str(violation))
-        log.warning("capture turned off", extra={"fields": {"session": session.id, "reason": str(violation)}})
-        return False
-    ledger.new_segment(str(violation))
-    return True
-
-
-def _forced(profile: ModelProfile, ids: list[int]) -> bool:
-    """Whether the generation prompt already opened a think block (reasoning is forced)."""
-    k = len(profile.think_start_ids)
-    return k > 0 and tuple(ids[-k:]) == profile.think_start_ids
-
-
-def engine_sampling(
-    profile: ModelProfile,
-    session: Session,
-    sampling: dict[str, Any],
-    max_tokens: int | None,
-    top_logprobs: int,
-    prompt_len: int,
-) -> dict[str, Any]:
-    """SGLang sampling params for the turn, with `max_new_tokens` checked against the context."""
-    room = profile.context_length - prompt_len
-    if room <= 0:
-        session.termination_reason = "context_length_exceeded"
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {profile.context_length} tokens. However, your "
-            f"messages resulted in {prompt_len} tokens.",
-            param="messages",
-        )
-    max_new = max_tokens if max_tokens is not None else session.sampling.get("max_tokens")
-    if max_new is not None and max_new > room:
-        session.termination_reason = "context_length_exceeded"
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {profile.context_length} tokens. However, you "
-            f"requested {prompt_len + max_new} tokens ({prompt_len} in the messages, {max_new} in the "
-            "completion). Please reduce the length of the messages or completion.",
-            param="max_tokens",
-        )
-    sp = {k: v for k, v in session.sampling.items() if k != "max_tokens"}
-    sp.update(sampling)
-    sp["max_new_tokens"] = int(max_new if max_new is not None else room)
-    if top_logprobs:
-        sp["top_logprobs_num"] = top_logprobs
-    return sp
-
-
-class StopTrimmer:
-    """Holds back text that may be the start of a stop string, so the agent never sees one.
-
-    The engine's ids include the tokens that matched a stop string (they were sampled, and
-    the ledger keeps them); only the text for the agent is trimmed, as SGLang does.
-    """
-
-    def __init__(self, stops: list[str]) -> None:
-        self._stops = [s for s in stops if s]
-        self._hold = max((len(s) for s in self._stops), default=0) + 8 if self._stops else 0
-        self._buf = ""
-
-    def feed(self, text: str) -> str:
-        """Text that is safe to pass on now."""
-        if not self._hold:
-            return text
-        self._buf += text
-        if len(self._buf) <= self._hold:
-            return ""
-        out, self._buf = self._buf[: -self._hold], self._buf[-self._hold :]
-        return out
-
-    def close(self, matched: Any) -> str:
-        """The held text, cut at `matched` if the generation stopped on that stop string."""
-        buf, self._buf = self._buf, ""
-        if isinstance(matched, str) and matched:
-            i = buf.find(matched)
-            if i >= 0:
-                buf = buf[:i]
-        return buf
-
-
-@dataclass
-class TurnOutput:
-    """What the agent receives and the ledger records for one generated turn."""
-
+    response_id: str
+    created: int
     parsed: ParsedOutput
     call_ids: list[str]
     result: GenerationResult
+    prompt_tokens: int
+    logprobs: list[TokenLogprob] | None
 
     @property
     def finish_reason(self) -> str:
@@ -221,10 +87,108 @@ class TurnOutput:
         return None if self.finish_reason == "tool_calls" else self.result.finish_reason.get("matched")
 
 
+@dataclass(slots=True)
+class ChatStart:
+    """The first item of a streamed turn: the request was accepted and generation starts."""
+
+    response_id: str
+    created: int
+
+
+@dataclass(slots=True)
+class ChatDelta:
+    """A piece of a streamed turn: text, reasoning, or one whole tool call, with the logprobs of
+    the tokens sampled since the previous piece that carried some."""
+
+    kind: str  # "content" | "reasoning" | "tool_call"
+    text: str = ""
+    call: ToolCall | None = None
+    call_id: str = ""
+    logprobs: list[TokenLogprob] | None = None
+
+
+def tool_call_id() -> str:
+    """A fresh OpenAI-style tool-call id (the ledger matches echoes by it)."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def plan_turn(profile: ModelProfile, session: Session, turn: Turn, params: ChatParams) -> Plan:
+    """Sync the ledger with the incoming history and build the engine input. Changes nothing:
+    what the session's policy decides is carried in the plan and applied at commit."""
+    renderer = profile.renderer
+    messages, tools, kw = params.messages, params.tools, params.template_kwargs
+    digest = tools_digest(tools)
+    ledger = session.ledger
+    if ledger is None or not ledger.capturing:
+        ids = renderer.render_prompt(messages, tools, **kw)
+        return Plan(np.asarray(ids, dtype=np.int32), ids, False, reasoning_forced=_forced(profile, ids))
+    seg = ledger.current
+    synced = ledger.sync(messages, surface=params.surface, tools=digest)
+    if isinstance(synced, Violation) and ledger.is_retry(messages, surface=params.surface, tools=digest):
+        last = seg.turns[-1]
+        cause = duplicate_cause(turn, last.committed_at)
+        if cause == "retry":
+            # The agent lost the reply: generate the turn again from the same prompt.
+            ids = seg.ids_view()[: last.start].copy()
+            inc = seg.ids[last.prompt_start : last.start].tolist()
+            new = messages[last.records_before :]
+            return Plan(
+                ids,
+                inc,
+                True,
+                new,
+                params.surface,
+                digest,
+                replace_last=True,
+                reasoning_forced=_forced(profile, inc),
+            )
+        synced = Violation(cause, len(messages), "the same request arrived while its turn was running")
+    plan = Plan(np.zeros(0, dtype=np.int32), [], True, messages, params.surface, digest)
+    if isinstance(synced, Violation):
+        decision = decide(session, synced, params.event)
+        if isinstance(decision, str):
+            plan.invalidate, plan.recorded = decision, False
+        else:
+            plan.segment = decision
+        ids = renderer.render_prompt(messages, tools, **kw)
+        plan.input_ids, plan.increment = np.asarray(ids, dtype=np.int32), ids
+    elif (last := seg.last_turn) is None:
+        ids = renderer.render_prompt(messages, tools, **kw)
+        plan.input_ids, plan.increment = np.asarray(ids, dtype=np.int32), ids
+    else:
+        assert isinstance(synced, Synced)
+        if not synced.new:
+            raise InvalidRequest("no new message since the last assistant turn", param="messages")
+        anchor = _last_user(messages, len(messages) - len(synced.new))
+        inc = renderer.render_continuation(
+            synced.new, tools, previous_ended_with_eos=last.ended_with_stop_token, anchor_user=anchor, **kw
+        )
+        plan.input_ids = np.concatenate([seg.ids_view(), np.asarray(inc, dtype=np.int32)])
+        plan.increment, plan.new_messages = inc, synced.new
+        plan.echo_matches, plan.echo_edits = synced.echo_matches, synced.echo_edits
+    plan.reasoning_forced = _forced(profile, plan.increment)
+    return plan
+
+
+def _last_user(messages: list[dict[str, Any]], end: int) -> dict[str, Any] | None:
+    """The last user message before `end`: the increment is rendered after it, as in the history
+    (templates such as Qwen3's decide by it which reasoning to keep)."""
+    for i in range(end - 1, -1, -1):
+        if messages[i].get("role") == "user":
+            return messages[i]
+    return None
+
+
+def _forced(profile: ModelProfile, ids: list[int]) -> bool:
+    """Whether the generation prompt already opened a think block (reasoning is forced)."""
+    k = len(profile.think_start_ids)
+    return k > 0 and tuple(ids[-k:]) == profile.think_start_ids
+
+
 class TurnDecoder:
     """Sampled ids -> agent-visible events: detokenize, trim stop strings, parse."""
 
-    def __init__(self, profile: ModelProfile, params: ChatParams, prepared: Prepared) -> None:
+    def __init__(self, profile: ModelProfile, params: ChatParams, plan: Plan) -> None:
         use_tools = bool(params.tools) and params.tool_choice != "none"
         self.detok = IncrementalDetokenizer(profile.tokenizer, skip_special_tokens=True)
         stops = params.sampling.get("stop") or []
@@ -233,7 +197,7 @@ class TurnDecoder:
             tool_format=profile.tool_format if use_tools else None,
             tools=params.tools if use_tools else None,
             reasoning=profile.reasoning and params.separate_reasoning,
-            reasoning_forced=prepared.reasoning_forced,
+            reasoning_forced=plan.reasoning_forced,
         )
 
     def feed(self, ids: list[int]) -> list[ParserEvent]:
@@ -246,267 +210,135 @@ class TurnDecoder:
         return self.parser.feed(tail) + self.parser.close()
 
 
-def commit_generation(
-    session: Session,
-    *,
-    new_messages: list[dict[str, Any]] | None,
-    increment: list[int],
+def token_logprobs(
+    profile: ModelProfile, ids: list[int], logprobs: list[float], top: list[list[tuple[float, int]]] | None
+) -> list[TokenLogprob]:
+    """The agent's view of sampled tokens' logprobs (built only when the agent asks)."""
+    tok = profile.tokenizer
+    return [
+        TokenLogprob(tok.decode([tid]), lp, [(tok.decode([t]), v) for v, t in (top[i] if top else [])])
+        for i, (tid, lp) in enumerate(zip(ids, logprobs, strict=True))
+    ]
+
+
+def _check_calls(params: ChatParams, parsed: ParsedOutput) -> None:
+    # Calls are never dropped (the sampled tokens contain them all); a request that forbade
+    # parallel calls, or required one, gets the breach flagged in the sample's metadata.
+    if not params.parallel_tool_calls and len(parsed.tool_calls) > 1:
+        parsed.errors.append(
+            ParseError("parallel_tool_calls_violated", f"{len(parsed.tool_calls)} calls", "")
+        )
+    choice = params.tool_choice
+    if params.tools and (choice == "required" or isinstance(choice, dict)) and not parsed.tool_calls:
+        parsed.errors.append(
+            ParseError("tool_choice_unmet", f"tool_choice={choice!r} but no call was made", "")
+        )
+
+
+def _commit(
+    profile: ModelProfile,
+    turn: Turn,
+    plan: Plan,
     result: GenerationResult,
-    response_id: str,
+    parsed: ParsedOutput,
     call_ids: list[str],
-    content: str,
-    parse_errors: list[ParseError],
-    end_of_turn_id: int | None,
-    agent_text: str = "",
+    response_id: str,
+    overridden: dict[str, Any],
 ) -> None:
-    """Commit a finished generation and its prompt increment to the session's ledger.
-
-    The turn counts as closed only when its last sampled id is the template's end-of-turn
-    token: a generation cut by length, a stop string, or another EOS (Qwen3 also stops on
-    `<|endoftext|>`) gets the template's closing in the next increment, as a full render has it.
-    """
-    assert session.ledger is not None
-    ended = bool(result.output_ids) and result.output_ids[-1] == end_of_turn_id
-    session.ledger.commit(
-        TurnCommit(
-            new_messages=new_messages,
-            prompt_ids=increment,
-            output_ids=result.output_ids,
-            logprobs=result.logprobs,
-            version_spans=result.version_spans,
-            response_id=response_id,
-            tool_call_ids=tuple(call_ids),
-            content=content,
-            rid=result.rid,
-            finish_type=result.finish_type,
-            ended_with_stop_token=ended,
-            parse_errors=[{"kind": e.kind, "detail": e.detail, "raw": e.raw} for e in parse_errors],
-            agent_text=agent_text,
-        ),
-        result.weight_version,
-    )
-
-
-def record_turn(
-    profile: ModelProfile, session: Session, prepared: Prepared, out: TurnOutput, response_id: str
-) -> None:
-    """Commit a finished chat turn to the session's ledger (when this turn is recorded)."""
-    session.turns += 1
-    if prepared.new_messages is None or session.ledger is None or not session.ledger.capturing:
-        return
-    commit_generation(
-        session,
-        new_messages=prepared.new_messages,
-        increment=prepared.increment,
-        result=out.result,
+    commit(
+        profile,
+        turn,
+        plan,
+        result,
         response_id=response_id,
-        call_ids=out.call_ids,
-        content=out.parsed.content,
-        parse_errors=out.parsed.errors,
+        call_ids=call_ids,
+        calls=tuple((c.name, canonical_arguments(c.arguments)) for c in parsed.tool_calls),
+        content=parsed.content,
+        parse_errors=[{"kind": e.kind, "detail": e.detail, "raw": e.raw} for e in parsed.errors],
+        overridden=overridden,
         end_of_turn_id=profile.renderer.stop_token_ids[0],
     )
 
 
-def _message(parsed: ParsedOutput, call_ids: list[str]) -> dict[str, Any]:
-    msg: dict[str, Any] = {
-        "role": "assistant",
-        "content": parsed.content,
-        "reasoning_content": parsed.reasoning_content,
-    }
-    if parsed.tool_calls:
-        msg["tool_calls"] = [
-            {
-                "id": cid,
-                "index": c.index,
-                "type": "function",
-                "function": {"name": c.name, "arguments": c.arguments},
-            }
-            for c, cid in zip(parsed.tool_calls, call_ids, strict=True)
-        ]
-    return msg
+def _prepare(
+    profile: ModelProfile, session: Session, turn: Turn, params: ChatParams
+) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
+    plan = plan_turn(profile, session, turn, params)
+    sampling, overridden = engine_sampling(
+        profile, session, params.sampling, params.max_tokens, params.top_logprobs, len(plan.input_ids)
+    )
+    return plan, sampling, overridden
 
 
-def _logprobs(profile: ModelProfile, result: GenerationResult) -> dict[str, Any]:
-    """OpenAI-shaped logprobs for the sampled tokens (only built when the agent asks)."""
-    tok = profile.tokenizer
-
-    def entry(tid: int, lp: float) -> dict[str, Any]:
-        text = tok.decode([tid])
-        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
-
-    content = []
-    for i, (tid, lp) in enumerate(zip(result.output_ids, result.logprobs, strict=True)):
-        e = entry(tid, lp)
-        e["top_logprobs"] = [entry(t, v) for v, t in (result.top_logprobs[i] if result.top_logprobs else [])]
-        content.append(e)
-    return {"content": content}
-
-
-def _usage(prepared: Prepared, result: GenerationResult) -> dict[str, Any]:
-    n_in, n_out = len(prepared.input_ids), len(result.output_ids)
-    return {
-        "prompt_tokens": n_in,
-        "completion_tokens": n_out,
-        "total_tokens": n_in + n_out,
-        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
-    }
-
-
-def _check_parallel(params: ChatParams, parsed: ParsedOutput) -> None:
-    # Calls are never dropped (the sampled tokens contain them all); a request that forbade
-    # parallel calls, or required one, gets the breach flagged in the sample's metadata.
-    if not params.parallel_tool_calls and len(parsed.tool_calls) > 1:
-        parsed.errors.append(_flag("parallel_tool_calls_violated", f"{len(parsed.tool_calls)} calls"))
-    choice = params.tool_choice
-    if params.tools and (choice == "required" or isinstance(choice, dict)) and not parsed.tool_calls:
-        parsed.errors.append(_flag("tool_choice_unmet", f"tool_choice={choice!r} but no call was made"))
-
-
-def _flag(kind: str, detail: str) -> ParseError:
-    return ParseError(kind=kind, detail=detail, raw="")
-
-
-async def run_turn(
+async def run_chat(
     backend: ModelBackend, profile: ModelProfile, session: Session, params: ChatParams
-) -> dict[str, Any]:
-    """A non-streamed chat turn: returns the ChatCompletion object."""
-    async with session.lock:
-        prepared = prepare_turn(profile, session, params)
-        sampling = engine_sampling(
-            profile, session, params.sampling, params.max_tokens, params.top_logprobs, len(prepared.input_ids)
-        )
-        rid = new_rid()
-        session.active_rids.add(rid)
-        try:
-            result = await backend.generate(prepared.input_ids, sampling, rid=rid, routing_key=session.id)
-        except BaseException:
-            session.failed_turns += 1
-            raise
-        finally:
-            session.active_rids.discard(rid)
-        decoder = TurnDecoder(profile, params, prepared)
+) -> ChatTurn:
+    """A non-streamed chat turn, committed to the ledger before it returns."""
+    async with turn_scope(session, arrived=params.arrived) as turn:
+        plan, sampling, overridden = _prepare(profile, session, turn, params)
+        result = await backend.generate(plan.input_ids, sampling, rid=turn.rid, routing_key=session.id)
+        decoder = TurnDecoder(profile, params, plan)
         decoder.feed(result.output_ids)
         decoder.close(result)
         parsed = decoder.parser.result()
-        _check_parallel(params, parsed)
-        out = TurnOutput(parsed, [_tool_call_id() for _ in parsed.tool_calls], result)
+        _check_calls(params, parsed)
+        call_ids = [tool_call_id() for _ in parsed.tool_calls]
         response_id = "chatcmpl-" + uuid.uuid4().hex
-        record_turn(profile, session, prepared, out, response_id)
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": _message(parsed, out.call_ids),
-        "finish_reason": out.finish_reason,
-        "matched_stop": out.matched_stop,
-        "logprobs": _logprobs(profile, result) if params.logprobs else None,
-    }
-    return {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": profile.name,
-        "choices": [choice],
-        "usage": _usage(prepared, result),
-        "metadata": {"weight_version": result.weight_version},
-    }
+        _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
+    lps = (
+        token_logprobs(profile, result.output_ids, result.logprobs, result.top_logprobs)
+        if params.logprobs
+        else None
+    )
+    return ChatTurn(response_id, int(time.time()), parsed, call_ids, result, len(plan.input_ids), lps)
 
 
-def _chunk(response_id: str, created: int, model: str, delta: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, **extra}
-    return {
-        "id": response_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
-
-
-def _event_chunks(
-    events: list[ParserEvent], calls: list[ToolCall], call_ids: list[str]
-) -> list[dict[str, Any]]:
-    """OpenAI deltas for parser events (a tool call: its name chunk, then its arguments)."""
-    deltas: list[dict[str, Any]] = []
-    for ev in events:
-        if ev.kind == "content" and ev.text:
-            deltas.append({"content": ev.text})
-        elif ev.kind == "reasoning" and ev.text:
-            deltas.append({"reasoning_content": ev.text})
-        elif ev.kind == "tool_call" and ev.call is not None:
-            cid = _tool_call_id()
-            calls.append(ev.call)
-            call_ids.append(cid)
-            head = {"id": cid, "index": ev.call.index, "type": "function"}
-            deltas.append({"tool_calls": [{**head, "function": {"name": ev.call.name, "arguments": ""}}]})
-            args = {"index": ev.call.index, "function": {"arguments": ev.call.arguments}}
-            deltas.append({"tool_calls": [{**args, "id": None, "type": "function"}]})
-    return deltas
-
-
-async def stream_turn(
+async def stream_chat(
     backend: ModelBackend, profile: ModelProfile, session: Session, params: ChatParams
-) -> AsyncIterator[dict[str, Any]]:
-    """A streamed chat turn: yields ChatCompletionChunk objects as the engine samples.
+) -> AsyncIterator[ChatStart | ChatDelta | ChatTurn]:
+    """A streamed chat turn: yields `ChatStart`, `ChatDelta`s as the engine samples, then the
+    committed `ChatTurn` (whose `logprobs` are those no delta carried).
 
-    Raises before the first chunk for errors that have an HTTP status (bad request, context
-    length); the caller turns errors after the first chunk into an in-stream error event.
+    Everything that can be refused with an HTTP status (bad request, context length, a
+    finished session) is raised before the first item: a caller that awaits the first item
+    gets those errors while it can still answer with a status. The turn (and the session lock)
+    lasts until the generator finishes or is closed; a closed generator is a failed turn.
     """
-    await session.lock.acquire()
-    try:
-        prepared = prepare_turn(profile, session, params)
-        sampling = engine_sampling(
-            profile, session, params.sampling, params.max_tokens, params.top_logprobs, len(prepared.input_ids)
-        )
-    except BaseException:
-        session.lock.release()
-        raise
-    return _stream_body(backend, profile, session, params, prepared, sampling)
-
-
-async def _stream_body(
-    backend: ModelBackend,
-    profile: ModelProfile,
-    session: Session,
-    params: ChatParams,
-    prepared: Prepared,
-    sampling: dict[str, Any],
-) -> AsyncIterator[dict[str, Any]]:
-    response_id = "chatcmpl-" + uuid.uuid4().hex
-    created = int(time.time())
-    rid = new_rid()
-    decoder = TurnDecoder(profile, params, prepared)
-    calls: list[ToolCall] = []
-    call_ids: list[str] = []
-    session.active_rids.add(rid)
-    ok = False
-    try:
-        yield _chunk(response_id, created, profile.name, {"role": "assistant", "content": ""})
+    async with turn_scope(session, arrived=params.arrived) as turn:
+        plan, sampling, overridden = _prepare(profile, session, turn, params)
+        response_id = "chatcmpl-" + uuid.uuid4().hex
+        decoder = TurnDecoder(profile, params, plan)
+        call_ids: list[str] = []
+        pending: list[TokenLogprob] = []
+        created = int(time.time())
+        yield ChatStart(response_id, created)
         result: GenerationResult | None = None
-        async for update in backend.stream(prepared.input_ids, sampling, rid=rid, routing_key=session.id):
+        async for update in backend.stream(plan.input_ids, sampling, rid=turn.rid, routing_key=session.id):
             events = decoder.feed(update.new_ids) if update.new_ids else []
+            if params.logprobs and update.new_ids:
+                pending += token_logprobs(profile, update.new_ids, update.new_logprobs, update.new_top)
             if update.result is not None:
                 result = update.result
                 events += decoder.close(result)
-            for delta in _event_chunks(events, calls, call_ids):
-                yield _chunk(response_id, created, profile.name, delta)
-        assert result is not None
+            for ev in events:
+                delta = _delta(ev, call_ids)
+                if delta is None:
+                    continue
+                if pending and delta.kind == "content":
+                    delta.logprobs, pending = pending, []
+                yield delta
+        if result is None:
+            raise RuntimeError("the engine stream ended without a result")
         parsed = decoder.parser.result()
-        _check_parallel(params, parsed)
-        out = TurnOutput(parsed, call_ids, result)
-        record_turn(profile, session, prepared, out, response_id)
-        ok = True
-        final = {"finish_reason": out.finish_reason, "matched_stop": out.matched_stop}
-        yield _chunk(response_id, created, profile.name, {}, **final)
-        if params.include_usage:
-            yield {
-                "id": response_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": profile.name,
-                "choices": [],
-                "usage": _usage(prepared, result),
-            }
-    finally:
-        session.active_rids.discard(rid)
-        if not ok:
-            session.failed_turns += 1
-        session.lock.release()
+        _check_calls(params, parsed)
+        _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
+    yield ChatTurn(response_id, created, parsed, call_ids, result, len(plan.input_ids), pending or None)
+
+
+def _delta(ev: ParserEvent, call_ids: list[str]) -> ChatDelta | None:
+    if ev.kind in ("content", "reasoning") and ev.text:
+        return ChatDelta(ev.kind, ev.text)
+    if ev.kind == "tool_call" and ev.call is not None:
+        call_ids.append(tool_call_id())
+        return ChatDelta("tool_call", call=ev.call, call_id=call_ids[-1])
+    return None

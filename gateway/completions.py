@@ -21,19 +21,22 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response, StreamingResponse
 
-from rlgw.gateway.backend import GenerationResult, new_rid
-from rlgw.gateway.chat import ModelProfile, StopTrimmer, apply_policy, commit_generation, engine_sampling
-from rlgw.gateway.detokenize import IncrementalDetokenizer
+from rlgw.gateway.backend import GenerationResult
+from rlgw.gateway.chat import token_logprobs
+from rlgw.gateway.detokenize import IncrementalDetokenizer, StopTrimmer
 from rlgw.gateway.errors import InvalidRequest, json_response
-from rlgw.gateway.ledger import Violation
-from rlgw.gateway.openai_api import (
+from rlgw.gateway.httpio import (
+    EVENT_HEADER,
     cancel_on_disconnect,
     parse_body,
     session_for_key,
     session_for_path,
     sse_stream,
 )
+from rlgw.gateway.ledger import Violation
+from rlgw.gateway.profile import ModelProfile
 from rlgw.gateway.sessions import Session
+from rlgw.gateway.turn import Plan, Turn, commit, decide, engine_sampling, turn_scope
 
 router = APIRouter()
 
@@ -60,31 +63,36 @@ class CompletionRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
 
 
-def _prepare(
-    profile: ModelProfile, session: Session, req: CompletionRequest
-) -> tuple[np.ndarray, list[int], str, bool]:
-    """(engine input, increment ids, increment text, recorded?) for a completions turn."""
+def _plan(profile: ModelProfile, session: Session, req: CompletionRequest, event: str | None) -> Plan:
+    """The engine input for a completions turn and what it records. Changes nothing."""
     tok = profile.tokenizer
     ledger = session.ledger
 
     def encode(text: str, first: bool) -> list[int]:
         return tok.encode(text, add_special_tokens=first)
 
-    if ledger is not None and ledger.capturing:
-        new = ledger.sync_prompt(req.prompt)
-        if isinstance(new, Violation) and apply_policy(session, new):
-            new = req.prompt
-        if ledger.capturing:
-            seg = ledger.current
-            first = not seg.turns
-            text = new if isinstance(new, str) else ""
-            inc = encode(new, first) if isinstance(new, str) else list(new)
-            if not inc and not first:
-                raise InvalidRequest("the prompt adds nothing after the last completion", param="prompt")
-            ids = np.concatenate([seg.ids_view(), np.asarray(inc, dtype=np.int32)])
-            return ids, inc, text, True
-    ids = encode(req.prompt, True) if isinstance(req.prompt, str) else list(req.prompt)
-    return np.asarray(ids, dtype=np.int32), ids, "", False
+    if ledger is None or not ledger.capturing:
+        ids = encode(req.prompt, True) if isinstance(req.prompt, str) else list(req.prompt)
+        return Plan(np.asarray(ids, dtype=np.int32), ids, False)
+    seg = ledger.current
+    new = ledger.sync_prompt(req.prompt)
+    plan = Plan(np.zeros(0, dtype=np.int32), [], True, None, "completions")
+    if isinstance(new, Violation):
+        decision = decide(session, new, event)
+        if isinstance(decision, str):
+            plan.invalidate, plan.recorded = decision, False
+        else:
+            plan.segment = decision
+        new, first, base = req.prompt, True, np.zeros(0, dtype=np.int32)
+    else:
+        first, base = not seg.turns, seg.ids_view()
+    inc = encode(new, first) if isinstance(new, str) else list(new)
+    if not inc and not first:
+        raise InvalidRequest("the prompt adds nothing after the last completion", param="prompt")
+    plan.input_ids = np.concatenate([base, np.asarray(inc, dtype=np.int32)])
+    plan.increment = inc
+    plan.agent_text = new if isinstance(new, str) else ""
+    return plan
 
 
 def _check(req: CompletionRequest) -> None:
@@ -109,17 +117,21 @@ def _sampling(req: CompletionRequest) -> dict[str, Any]:
     return sp
 
 
-def _logprobs(profile: ModelProfile, result: GenerationResult) -> dict[str, Any]:
-    tok = profile.tokenizer
-    tokens = [tok.decode([t]) for t in result.output_ids]
+def _logprobs(
+    profile: ModelProfile, ids: list[int], logprobs: list[float], top: list[list[tuple[float, int]]] | None
+) -> dict[str, Any]:
+    """OpenAI's legacy logprobs object for sampled tokens (offsets relative to these tokens)."""
+    entries = token_logprobs(profile, ids, logprobs, top)
     offsets, pos = [], 0
-    for t in tokens:
+    for e in entries:
         offsets.append(pos)
-        pos += len(t)
-    top = None
-    if result.top_logprobs is not None:
-        top = [{tok.decode([t]): v for v, t in row} for row in result.top_logprobs]
-    return {"tokens": tokens, "token_logprobs": result.logprobs, "top_logprobs": top, "text_offset": offsets}
+        pos += len(e.token)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [dict(e.top) for e in entries] if top is not None else None,
+        "text_offset": offsets,
+    }
 
 
 def _finish(result: GenerationResult) -> str:
@@ -128,38 +140,15 @@ def _finish(result: GenerationResult) -> str:
 
 async def _turn(request: Request, session: Session) -> Response:
     state = request.app.state
-    session.last_active = time.monotonic()
     profile: ModelProfile = state.profile
     req = CompletionRequest.model_validate(await parse_body(request))
     _check(req)
+    event = request.headers.get(EVENT_HEADER)
+    arrived = time.monotonic()
     top_n = req.logprobs or 0
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    await session.lock.acquire()
-    try:
-        input_ids, inc, inc_text, recorded = _prepare(profile, session, req)
-        sampling = engine_sampling(profile, session, _sampling(req), req.max_tokens, top_n, len(input_ids))
-    except BaseException:
-        session.lock.release()
-        raise
     response_id = "cmpl-" + uuid.uuid4().hex
     created = int(time.time())
-    rid = new_rid()
-
-    def finish_turn(result: GenerationResult, text: str) -> None:
-        session.turns += 1
-        if recorded:
-            commit_generation(
-                session,
-                new_messages=None,
-                increment=inc,
-                result=result,
-                response_id=response_id,
-                call_ids=[],
-                content=text,
-                parse_errors=[],
-                end_of_turn_id=None,  # no chat template continues a completions series
-                agent_text=inc_text + text,
-            )
 
     def doc(choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
         return {
@@ -171,60 +160,86 @@ async def _turn(request: Request, session: Session) -> Response:
             **extra,
         }
 
-    def usage(result: GenerationResult) -> dict[str, int]:
-        n_in, n_out = len(input_ids), len(result.output_ids)
+    def finish(
+        turn: Turn, plan: Plan, result: GenerationResult, text: str, overridden: dict[str, Any]
+    ) -> None:
+        plan.agent_text += text
+        commit(
+            profile,
+            turn,
+            plan,
+            result,
+            response_id=response_id,
+            call_ids=[],
+            calls=(),
+            content=text,
+            parse_errors=[],
+            overridden=overridden,
+            end_of_turn_id=None,  # no chat template continues a completions series
+        )
+
+    def usage(plan: Plan, result: GenerationResult) -> dict[str, int]:
+        n_in, n_out = len(plan.input_ids), len(result.output_ids)
         return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
 
-    if not req.stream:
-        try:
-            session.active_rids.add(rid)
-            work = state.backend.generate(input_ids, sampling, rid=rid, routing_key=session.id)
-            result = await cancel_on_disconnect(request, work)
-            trim = StopTrimmer(stops)
-            text = trim.feed(profile.tokenizer.decode(result.output_ids, skip_special_tokens=True))
-            text += trim.close(result.finish_reason.get("matched"))
-            finish_turn(result, text)
-        except BaseException:
-            session.failed_turns += 1
-            raise
-        finally:
-            session.active_rids.discard(rid)
-            session.lock.release()
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": _logprobs(profile, result) if req.logprobs is not None else None,
-            "finish_reason": _finish(result),
-        }
-        return json_response(200, doc(choice, usage=usage(result)))
-
     async def chunks() -> AsyncIterator[dict[str, Any]]:
-        detok = IncrementalDetokenizer(profile.tokenizer, skip_special_tokens=True)
-        trim = StopTrimmer(stops)
-        text = ""
-        ok = False
-        session.active_rids.add(rid)
-        try:
+        async with turn_scope(session, arrived=arrived) as turn:
+            plan = _plan(profile, session, req, event)
+            sampling, overridden = engine_sampling(
+                profile, session, _sampling(req), req.max_tokens, top_n, len(plan.input_ids)
+            )
+            detok = IncrementalDetokenizer(profile.tokenizer, skip_special_tokens=True)
+            trim = StopTrimmer(stops)
+            text = ""
             yield doc({"index": 0, "text": "", "logprobs": None, "finish_reason": None})
-            async for update in state.backend.stream(input_ids, sampling, rid=rid, routing_key=session.id):
+            result: GenerationResult | None = None
+            async for update in state.backend.stream(
+                plan.input_ids, sampling, rid=turn.rid, routing_key=session.id
+            ):
                 piece = trim.feed(detok.feed(update.new_ids)) if update.new_ids else ""
                 if update.result is not None:
                     result = update.result
                     piece += trim.feed(detok.flush()) + trim.close(result.finish_reason.get("matched"))
-                if piece:
+                lp = None
+                if req.logprobs is not None and update.new_ids:
+                    lp = _logprobs(profile, update.new_ids, update.new_logprobs, update.new_top)
+                if piece or lp:
                     text += piece
-                    yield doc({"index": 0, "text": piece, "logprobs": None, "finish_reason": None})
-            finish_turn(result, text)
-            ok = True
-            yield doc({"index": 0, "text": "", "logprobs": None, "finish_reason": _finish(result)})
-            if (req.stream_options or {}).get("include_usage"):
-                yield {**doc({}), "choices": [], "usage": usage(result)}
-        finally:
-            session.active_rids.discard(rid)
-            if not ok:
-                session.failed_turns += 1
-            session.lock.release()
+                    yield doc({"index": 0, "text": piece, "logprobs": lp, "finish_reason": None})
+            if result is None:
+                raise RuntimeError("the engine stream ended without a result")
+            finish(turn, plan, result, text, overridden)
+        yield doc({"index": 0, "text": "", "logprobs": None, "finish_reason": _finish(result)})
+        if (req.stream_options or {}).get("include_usage"):
+            yield {**doc({}), "choices": [], "usage": usage(plan, result)}
 
+    async def whole() -> dict[str, Any]:
+        async with turn_scope(session, arrived=arrived) as turn:
+            plan = _plan(profile, session, req, event)
+            sampling, overridden = engine_sampling(
+                profile, session, _sampling(req), req.max_tokens, top_n, len(plan.input_ids)
+            )
+            result = await state.backend.generate(
+                plan.input_ids, sampling, rid=turn.rid, routing_key=session.id
+            )
+            trim = StopTrimmer(stops)
+            text = trim.feed(profile.tokenizer.decode(result.output_ids, skip_special_tokens=True))
+            text += trim.close(result.finish_reason.get("matched"))
+            finish(turn, plan, result, text, overridden)
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": (
+                _logprobs(profile, result.output_ids, result.logprobs, result.top_logprobs)
+                if req.logprobs is not None
+                else None
+            ),
+            "finish_reason": _finish(result),
+        }
+        return doc(choice, usage=usage(plan, result))
+
+    if not req.stream:
+        return json_response(200, await cancel_on_disconnect(request, whole()))
     gen = chunks()
     first = await gen.__anext__()
     return StreamingResponse(sse_stream(first, gen), media_type="text/event-stream")

@@ -68,3 +68,35 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         self._prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         return new
+
+
+class StopTrimmer:
+    """Holds back text that may be the start of a stop string, so the agent never sees one.
+
+    The engine's ids include the tokens that matched a stop string (they were sampled, and
+    the ledger keeps them); only the text for the agent is trimmed, as SGLang does.
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        self._stops = [s for s in stops if s]
+        self._hold = max((len(s) for s in self._stops), default=0) + 8 if self._stops else 0
+        self._buf = ""
+
+    def feed(self, text: str) -> str:
+        """Text that is safe to pass on now."""
+        if not self._hold:
+            return text
+        self._buf += text
+        if len(self._buf) <= self._hold:
+            return ""
+        out, self._buf = self._buf[: -self._hold], self._buf[-self._hold :]
+        return out
+
+    def close(self, matched: Any) -> str:
+        """The held text, cut at `matched` if the generation stopped on that stop string."""
+        buf, self._buf = self._buf, ""
+        if isinstance(matched, str) and matched:
+            i = buf.find(matched)
+            if i >= 0:
+                buf = buf[:i]
+        return buf

@@ -1,15 +1,18 @@
 """Errors the gateway raises, and their OpenAI-shaped HTTP form.
 
 GatewayError
-└── APIError                   answered to the caller as OpenAI error JSON
-    ├── InvalidRequest         400: the request asks for something wrong or unsupported
-    ├── ContextLengthExceeded  400 `context_length_exceeded`: the prompt does not fit the model
-    ├── AuthError              401: missing or wrong key
-    ├── NotFound               404: no such session or object (or another tenant's)
-    ├── Conflict               409: the session is in a state that forbids the call
-    ├── ClientDisconnected     499: the client left before the reply; the turn was cancelled
-    └── UpstreamError          the engine failed (502), timed out (504) or is overloaded (503)
-        └── UpstreamAborted    the engine aborted the generation
+├── APIError                       answered to the caller as OpenAI error JSON
+│   ├── InvalidRequest             400: the request asks for something wrong or unsupported
+│   ├── ContextLengthExceeded      400 `context_length_exceeded`: the prompt does not fit the model
+│   ├── AuthError                  401: missing or wrong key
+│   ├── NotFound                   404: no such session or object (or another tenant's)
+│   ├── Conflict                   409: the session is in a state that forbids the call
+│   ├── ClientDisconnected         499: the client left before the reply; the turn was cancelled
+│   └── UpstreamError              502: the engine failed
+│       ├── UpstreamOverloaded     503: the engine's queue is full (retried before it reaches a caller)
+│       ├── UpstreamTimeout        504: the engine did not answer in time
+│       └── UpstreamAborted        503: the engine aborted the generation
+└── StartupError                   the gateway cannot start: a configuration problem, not an HTTP answer
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import Any
 
 import orjson
 from fastapi import Request
-from fastapi.exceptions import HTTPException, RequestValidationError
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 
@@ -92,6 +96,20 @@ class UpstreamError(APIError):
     type = "upstream_error"
 
 
+class UpstreamOverloaded(UpstreamError):
+    """503: the engine is overloaded (its queue is full)."""
+
+    status = 503
+    code = "engine_overloaded"
+
+
+class UpstreamTimeout(UpstreamError):
+    """504: the engine did not answer in time."""
+
+    status = 504
+    code = "engine_timeout"
+
+
 class UpstreamAborted(UpstreamError):
     """The engine aborted the generation (paused for a weight update, or aborted by an operator)."""
 
@@ -99,9 +117,13 @@ class UpstreamAborted(UpstreamError):
     code = "engine_aborted"
 
 
-def json_response(status: int, body: Any) -> Response:
+class StartupError(GatewayError):
+    """The gateway cannot start: the engine, tokenizer or template is missing or unusable."""
+
+
+def json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
     """A JSON response encoded with orjson."""
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
 async def handle_api_error(request: Request, exc: Exception) -> Response:
@@ -110,13 +132,28 @@ async def handle_api_error(request: Request, exc: Exception) -> Response:
     return json_response(exc.status, exc.body())
 
 
+_HTTP_ERROR_TYPES = {404: "not_found_error", 405: "method_not_allowed", 413: "request_too_large"}
+
+
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
-    """FastAPI handler: `HTTPException` -> OpenAI body (a dict `detail` is the error object)."""
+    """Starlette's and FastAPI's `HTTPException` (unknown route 404, wrong method 405, ...) ->
+    OpenAI body; a dict `detail` is the error object. Headers such as `Allow` are kept."""
     assert isinstance(exc, HTTPException)
     detail = exc.detail
     if not isinstance(detail, dict):
-        detail = {"message": str(detail), "type": "invalid_request_error", "param": None, "code": None}
-    return json_response(exc.status_code, {"error": detail})
+        status = exc.status_code
+        message = str(detail)
+        if status == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif status == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        detail = {
+            "message": message,
+            "type": _HTTP_ERROR_TYPES.get(status, "invalid_request_error"),
+            "param": None,
+            "code": None,
+        }
+    return json_response(exc.status_code, {"error": detail}, headers=getattr(exc, "headers", None))
 
 
 async def handle_validation_error(request: Request, exc: Exception) -> Response:

@@ -5,14 +5,26 @@ Per segment the ledger keeps compact arrays — token ids (int32), logprobs (flo
 has consumed, and the turns it generated (keyed by the response and tool-call ids it minted).
 
 Sync rule: the agent resends its whole history each turn. Messages already consumed must come
-back unchanged (same signature), and the assistant turns the gateway generated must come back
-matched by their tool-call ids (or, for plain answers, their content): their *sampled* tokens
-stay in the ledger, so re-serialized arguments or stripped reasoning are not differences. Only
-the messages after the consumed prefix are new. A shrunk or rewritten prefix is a `Violation`,
-handled by the session's policy (a new segment, passthrough, or refusal).
+back unchanged (same signature: what the template renders from them, not their JSON spelling),
+and the assistant turns the gateway generated must come back matched by their tool-call ids
+(or, for plain answers, their content): their *sampled* tokens stay in the ledger, so
+re-serialized arguments or stripped reasoning are not differences. Only the messages after the
+consumed prefix are new. A shrunk or rewritten prefix, a changed tool list, or a switch between
+chat and completions is a `Violation` with a machine-readable `cause`, handled by the session's
+policy (a new segment, passthrough, or refusal).
+
+Echo rules (what a generated turn may come back as and still keep its sampled tokens):
+- with `tool_calls` carrying exactly the ids minted for that turn (order free);
+- as plain text with no `tool_calls` whose content names exactly the minted ids of that turn
+  and no other minted id (agents such as smolagents echo calls as `Calling tools: [...]`):
+  recorded in the sample's metadata as `echo_matches`;
+- for a turn without calls, with the same content (whitespace at the ends ignored).
+A matched echo whose arguments, names or content differ from what was sampled keeps the sampled
+tokens (they are what the model produced) and is recorded as `echo_edits` (turn, field).
 
 Appending is atomic per turn: the prompt increment and the sampled ids are committed together,
-after the engine answered, so a failed or aborted turn leaves the ledger as it was.
+after the engine answered, so a failed or aborted turn leaves the ledger as it was. `sync` never
+changes the ledger; segment changes a policy decides are applied by the caller at commit time.
 
 This module knows nothing about HTTP, templates or the engine's wire format.
 """
@@ -20,6 +32,7 @@ This module knows nothing about HTTP, templates or the engine's wire format.
 from __future__ import annotations
 
 import enum
+import re
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,16 +52,43 @@ class Policy(enum.StrEnum):
     REFUSE = "refuse"  # answer 409 and change nothing
 
 
+class Cause(enum.StrEnum):
+    """Why a segment was opened: the machine-readable vocabulary of segment causes.
+
+    An agent may also state its own cause (`X-Rlgw-Event: compaction`); that text is used as is.
+    """
+
+    START = "start"  # the session's first segment
+    TRUNCATION = "truncation"  # the history shrank
+    REWRITE = "rewrite"  # a consumed message changed
+    TOOLS_CHANGED = "tools_changed"  # the tool list changed
+    MODE_SWITCH = "mode_switch"  # chat <-> completions, or another API surface
+    TEMPLATE_DRIFT = "template_drift"  # the template's render of the history changed
+    RETRY = "retry"  # a client retry the policy did not fold into the last turn
+    CONCURRENT = "concurrent"  # a duplicate request that overlapped the turn it repeats
+
+
 @dataclass(frozen=True, slots=True)
 class Violation:
     """The incoming history is not an extension of what the ledger consumed."""
 
-    kind: str  # "shrank" | "rewritten"
-    index: int  # first message that differs (or the new length, for "shrank")
+    cause: str  # a `Cause` value
+    index: int  # first message that differs (or the new length, for a truncation)
     detail: str
 
     def __str__(self) -> str:
         return self.detail
+
+
+@dataclass(slots=True)
+class Synced:
+    """What `sync` found: the new messages, and how echoed generated turns were matched."""
+
+    new: list[dict[str, Any]]
+    # (turn index, how) for echoes matched by something other than tool_calls ids / content.
+    echo_matches: list[tuple[int, str]] = field(default_factory=list)
+    # (turn index, field) where an echoed generated turn differs from what was sampled.
+    echo_edits: list[tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -71,6 +111,9 @@ class GeneratedTurn:
     finish_type: str
     ended_with_stop_token: bool
     parse_errors: list[dict[str, Any]]
+    # What the agent was served: (name, canonical arguments) per minted call, in order.
+    calls: tuple[tuple[str, str], ...] = ()
+    committed_at: float = 0.0  # time.monotonic() at commit (retry vs concurrent duplicate)
 
 
 @dataclass(slots=True)
@@ -82,44 +125,107 @@ class _Record:
     turn: int  # index into Segment.turns, or -1 for messages the agent supplied
 
 
-def _text(content: Any) -> str:
+_MINTED_ID = re.compile(r"call_[0-9a-f]{24}")
+
+
+def content_text(content: Any) -> str:
+    """The text a template renders from a message's content: parts joined by "\n", None as ""."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "\n".join(
+            p if isinstance(p, str) else str(p.get("text", "")) for p in content if isinstance(p, str | dict)
+        )
     return str(content)
 
 
-def message_digest(m: dict[str, Any]) -> int:
-    """Signature of a message the agent supplied: role and content shape and value.
+def canonical_arguments(arguments: Any) -> str:
+    """Tool-call arguments in one spelling (a JSON object string re-encoded with sorted keys)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments
+    return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
 
-    Keys that do not change what the model sees (none/empty values) are left out, so a
-    client that adds `"name": null` on resend is not a rewrite.
+
+def message_digest(m: dict[str, Any]) -> int:
+    """Signature of a message the agent supplied: what the template renders from it.
+
+    Content is compared as text (a string and the same text as a list of text parts are the
+    same message; `null` and "" too); keys with no value (None, "", []) are left out, so a
+    client that adds `"name": null` on resend is not a rewrite; tool-call arguments are compared
+    as JSON values, not spellings.
     """
-    keep = {
-        k: m[k]
-        for k in ("role", "content", "name", "tool_call_id", "tool_calls")
-        if m.get(k) not in (None, "")
-    }
+    keep: dict[str, Any] = {"role": m.get("role"), "content": content_text(m.get("content"))}
+    for k in ("name", "tool_call_id"):
+        if m.get(k) not in (None, ""):
+            keep[k] = m[k]
+    calls = m.get("tool_calls")
+    if calls:
+        keep["tool_calls"] = [_call_key(c) for c in calls]
     return xxhash.xxh3_64_intdigest(orjson.dumps(keep, option=orjson.OPT_SORT_KEYS))
 
 
-def _matches_turn(m: dict[str, Any], turn: GeneratedTurn) -> bool:
+def _call_key(call: Any) -> Any:
+    if not isinstance(call, dict):
+        return call
+    fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+    return [call.get("id"), fn.get("name"), canonical_arguments(fn.get("arguments"))]
+
+
+def tools_digest(tools: list[dict[str, Any]] | None) -> int:
+    """Signature of a tool list: the same tools in any key order or whitespace are the same."""
+    if not tools:
+        return 0
+    return xxhash.xxh3_64_intdigest(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS))
+
+
+def _match_turn(m: dict[str, Any], turn: GeneratedTurn) -> tuple[str, list[str]] | None:
+    """How `m` echoes `turn` ("ids", "ids_in_text", "content"), with the fields it edited; None if not."""
     if m.get("role") != "assistant":
-        return False
-    ids = tuple(tc.get("id", "") for tc in (m.get("tool_calls") or []) if isinstance(tc, dict))
-    if turn.tool_call_ids or ids:
-        return sorted(ids) == sorted(turn.tool_call_ids)
-    return _text(m.get("content")).strip() == turn.content.strip()
+        return None
+    calls = [tc for tc in (m.get("tool_calls") or []) if isinstance(tc, dict)]
+    text = content_text(m.get("content"))
+    if calls:
+        if sorted(tc.get("id", "") for tc in calls) != sorted(turn.tool_call_ids):
+            return None
+        return "ids", _edits(turn, calls, text)
+    if turn.tool_call_ids:
+        # A text echo of a call turn: it must name exactly this turn's minted ids.
+        if set(_MINTED_ID.findall(text)) == set(turn.tool_call_ids):
+            return "ids_in_text", []
+        return None
+    if text.strip() == turn.content.strip():
+        return "content", []
+    return None
+
+
+def _edits(turn: GeneratedTurn, calls: list[dict[str, Any]], text: str) -> list[str]:
+    edits = []
+    if turn.content.strip() != text.strip():
+        edits.append("content")
+    served = dict(zip(turn.tool_call_ids, turn.calls, strict=False))
+    for tc in calls:
+        want = served.get(tc.get("id", ""))
+        fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+        if want is None:
+            continue
+        if fn.get("name") != want[0]:
+            edits.append("tool_calls.name")
+        if canonical_arguments(fn.get("arguments")) != want[1]:
+            edits.append("tool_calls.arguments")
+    return sorted(set(edits))
 
 
 @dataclass
 class Segment:
     """One contiguous token series; becomes one training sample."""
 
-    cause: str
+    cause: str  # a `Cause` value, or the agent's own (X-Rlgw-Event)
+    detail: str = ""  # the cause in words
     ids: array = field(default_factory=lambda: array("i"))
     logprobs: array = field(default_factory=lambda: array("f"))
     mask: bytearray = field(default_factory=bytearray)
@@ -129,6 +235,16 @@ class Segment:
     records: list[_Record] = field(default_factory=list)
     # /v1/completions only: the text the agent has seen (its prompts and our completions).
     text: str = ""
+    surface: str | None = None  # the API surface of its turns (chat, completions, ...)
+    tools: int = 0  # digest of the tool list its prompt rendered
+    # Sample metadata gathered at commit: echo_matches, echo_edits, replaced_turns, agent_sampling.
+    notes: dict[str, list[Any]] = field(default_factory=dict)
+
+    def note(self, key: str, value: Any) -> None:
+        """Add `value` to the metadata list `key` (once)."""
+        items = self.notes.setdefault(key, [])
+        if value not in items:
+            items.append(value)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -164,13 +280,17 @@ class TurnCommit:
     ended_with_stop_token: bool
     parse_errors: list[dict[str, Any]]
     agent_text: str = ""  # completions: the prompt increment and completion text the agent saw
+    surface: str = "chat"
+    tools: int = 0  # tools_digest of the request
+    calls: tuple[tuple[str, str], ...] = ()  # (name, canonical arguments) per minted call
+    committed_at: float = 0.0
 
 
 class Ledger:
     """The segments of one session and the sync/commit rules between turns."""
 
     def __init__(self) -> None:
-        self.segments: list[Segment] = [Segment(cause="start")]
+        self.segments: list[Segment] = [Segment(cause=Cause.START)]
         self.invalid_reason: str | None = None  # set when capture was turned off (passthrough)
 
     @property
@@ -183,45 +303,70 @@ class Ledger:
         """False once passthrough turned capture off."""
         return self.invalid_reason is None
 
-    def sync(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]] | Violation:
-        """The messages that are new since the last turn, or the `Violation` that forbids appending."""
+    def sync(
+        self, messages: list[dict[str, Any]], *, surface: str = "chat", tools: int = 0
+    ) -> Synced | Violation:
+        """The messages that are new since the last turn, or the `Violation` that forbids appending.
+
+        `tools` is the request's `tools_digest`. Nothing in the ledger changes.
+        """
         seg = self.current
+        if seg.surface not in (None, surface):
+            return Violation(
+                Cause.MODE_SWITCH, 0, f"the session switched from {seg.surface} to {surface} requests"
+            )
+        if seg.turns and tools != seg.tools:
+            return Violation(Cause.TOOLS_CHANGED, 0, "the tool list changed since the previous turn")
         records = seg.records
         if len(messages) < len(records):
             return Violation(
-                "shrank", len(messages), f"history shrank from {len(records)} to {len(messages)} messages"
+                Cause.TRUNCATION,
+                len(messages),
+                f"history shrank from {len(records)} to {len(messages)} messages",
             )
+        out = Synced(messages[len(records) :])
         for i, rec in enumerate(records):
             m = messages[i]
             if not isinstance(m, dict):
-                return Violation("rewritten", i, f"message {i} is not an object")
+                return Violation(Cause.REWRITE, i, f"message {i} is not an object")
             if rec.turn >= 0:
-                ok = _matches_turn(m, seg.turns[rec.turn])
-            else:
-                ok = m.get("role") == rec.role and message_digest(m) == rec.digest
-            if not ok:
-                return Violation("rewritten", i, f"history rewritten at message {i} (role {m.get('role')!r})")
-        return messages[len(records) :]
+                match = _match_turn(m, seg.turns[rec.turn])
+                if match is None:
+                    return Violation(
+                        Cause.REWRITE, i, f"history rewritten at message {i} (a generated turn changed)"
+                    )
+                how, edits = match
+                if how == "ids_in_text":
+                    out.echo_matches.append((rec.turn, how))
+                out.echo_edits.extend((rec.turn, f) for f in edits)
+            elif m.get("role") != rec.role or message_digest(m) != rec.digest:
+                return Violation(
+                    Cause.REWRITE, i, f"history rewritten at message {i} (role {m.get('role')!r})"
+                )
+        return out
 
     def sync_prompt(self, prompt: str | list[int]) -> str | list[int] | Violation:
         """For /v1/completions: the part of `prompt` (text or ids) beyond what the ledger holds."""
         seg = self.current
-        if seg.records:
-            return Violation("rewritten", 0, "a chat session cannot continue with a completions prompt")
+        if seg.surface not in (None, "completions"):
+            return Violation(
+                Cause.MODE_SWITCH, 0, f"the session switched from {seg.surface} to completions requests"
+            )
         if isinstance(prompt, str):
             if not seg.turns or prompt.startswith(seg.text):
                 return prompt[len(seg.text) :]
-            return Violation("rewritten", 0, "the prompt does not extend the text of the previous turns")
+            return Violation(Cause.REWRITE, 0, "the prompt does not extend the text of the previous turns")
         n = len(seg.ids)
         if len(prompt) >= n and np.array_equal(np.asarray(prompt[:n], dtype=np.int32), seg.ids_view()):
             return prompt[n:]
-        return Violation("rewritten", 0, "the prompt ids do not extend the ids of the previous turns")
+        return Violation(Cause.REWRITE, 0, "the prompt ids do not extend the ids of the previous turns")
 
-    def is_retry(self, messages: list[dict[str, Any]]) -> bool:
-        """Whether `messages` resend exactly the request of the last turn (a client retry).
+    def is_retry(self, messages: list[dict[str, Any]], *, surface: str = "chat", tools: int = 0) -> bool:
+        """Whether `messages` resend exactly the request of the last turn (a duplicate).
 
-        That happens when the agent timed out or lost the reply after the turn was committed:
-        the agent never saw that output, so the turn may be rolled back and generated again.
+        That happens when the agent timed out or lost the reply after the turn was committed
+        (a retry), or sent the same request twice at once (a concurrent duplicate); the caller
+        tells the two apart by time. Nothing in the ledger changes.
         """
         seg = self.current
         last = seg.last_turn
@@ -229,11 +374,11 @@ class Ledger:
             return False
         records, seg.records = seg.records, seg.records[:-1]
         try:
-            return not isinstance(self.sync(messages), Violation)
+            return not isinstance(self.sync(messages, surface=surface, tools=tools), Violation)
         finally:
             seg.records = records
 
-    def rollback_last_turn(self) -> None:
+    def rollback_last_turn(self) -> GeneratedTurn:
         """Remove the last turn (its prompt increment, sampled ids, records and versions)."""
         seg = self.current
         last = seg.turns.pop()
@@ -242,13 +387,15 @@ class Ledger:
         del seg.mask[last.prompt_start :]
         del seg.records[last.records_before :]
         del seg.versions[last.versions_before :]
+        return last
 
-    def new_segment(self, cause: str) -> Segment:
+    def new_segment(self, cause: str, detail: str = "") -> Segment:
         """Close the current segment and open an empty one, recording why."""
         if len(self.current) == 0:
-            self.current.cause = cause
+            self.current.cause, self.current.detail = cause, detail
+            self.current.surface, self.current.tools = None, 0
         else:
-            self.segments.append(Segment(cause=cause))
+            self.segments.append(Segment(cause=cause, detail=detail))
         return self.current
 
     def invalidate(self, reason: str) -> None:
@@ -280,6 +427,8 @@ class Ledger:
         for m in turn.new_messages or ():
             seg.records.append(_Record(m.get("role", ""), message_digest(m), -1))
         seg.text += turn.agent_text
+        seg.surface = turn.surface
+        seg.tools = turn.tools
         gen = GeneratedTurn(
             prompt_start=prompt_start,
             records_before=records_before,
@@ -293,6 +442,8 @@ class Ledger:
             finish_type=turn.finish_type,
             ended_with_stop_token=turn.ended_with_stop_token,
             parse_errors=turn.parse_errors,
+            calls=turn.calls,
+            committed_at=turn.committed_at,
         )
         seg.turns.append(gen)
         if turn.new_messages is not None:
@@ -303,7 +454,7 @@ class Ledger:
         self,
         *,
         reward: float | None,
-        status: SampleStatus,
+        status: SampleStatus | None,
         rollout_id: str,
         group_index: int,
         metadata: dict[str, Any],
@@ -311,7 +462,8 @@ class Ledger:
         """One `(segment index, sample or None, why not)` per segment, in order.
 
         A segment with no generated turn yields None (nothing to train on); validation against
-        the hand-off contract is the caller's (`validate_sample`).
+        the hand-off contract is the caller's (`validate_sample`). `status` None: each sample's
+        status describes its own segment's end (`truncated` when its last turn was cut by length).
         """
         out: list[tuple[int, Sample | None, str]] = []
         for index, seg in enumerate(self.segments):
@@ -326,6 +478,7 @@ class Ledger:
                 **metadata,
                 "segment": index,
                 "segment_cause": seg.cause,
+                "segment_cause_detail": seg.detail,
                 "segments": len(self.segments),
                 "engine_rids": [t.rid for t in seg.turns],
                 "response_ids": [t.response_id for t in seg.turns],
@@ -334,13 +487,19 @@ class Ledger:
             errors = [{"turn": i, **e} for i, t in enumerate(seg.turns) for e in t.parse_errors]
             if errors:
                 meta["tool_parse_errors"] = errors
+            for key, items in seg.notes.items():
+                meta[key] = list(items)
+            seg_status = status
+            if seg_status is None:
+                cut = seg.turns[-1].finish_type == "length"
+                seg_status = SampleStatus.TRUNCATED if cut else SampleStatus.COMPLETED
             sample = Sample(
                 tokens=tokens,
                 response_length=n,
                 loss_mask=np.frombuffer(bytes(seg.mask[p:]), dtype=np.uint8).copy(),
                 rollout_log_probs=np.frombuffer(seg.logprobs, dtype=np.float32)[p:].copy(),
                 reward=reward,
-                status=status,
+                status=seg_status,
                 rollout_id=rollout_id,
                 group_index=group_index,
                 weight_versions=spans,

@@ -1,31 +1,39 @@
-"""The OpenAI surface: `/v1/chat/completions` and `/v1/models`, per session.
+"""The Chat Completions surface: `/v1/chat/completions` and `/v1/models`, per session.
 
 Reachable as `/s/{session_id}/v1/...` (any client that only lets you set a base URL) and as
 `/v1/...` with the session's API key as the bearer token. Requests are validated here into
-`ChatParams`; everything a turn does lives in `chat.py`. Fields real clients send that rlgw
-does not use are ignored; fields it cannot honour are a 400, never a silent change.
+`ChatParams`; the turn itself is `chat.py`'s; this module builds OpenAI's ChatCompletion
+objects and chunks from it. Fields real clients send that rlgw does not use are ignored;
+fields it cannot honour are a 400, never a silent change.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response, StreamingResponse
 
-from rlgw.gateway.chat import ChatParams, run_turn, stream_turn
-from rlgw.gateway.errors import APIError, AuthError, ClientDisconnected, InvalidRequest, json_response
+from rlgw.gateway.backend import ModelBackend
+from rlgw.gateway.chat import ChatDelta, ChatParams, ChatStart, ChatTurn, TokenLogprob, run_chat, stream_chat
+from rlgw.gateway.errors import AuthError, InvalidRequest, json_response
+from rlgw.gateway.httpio import (
+    EVENT_HEADER,
+    cancel_on_disconnect,
+    parse_body,
+    session_for_key,
+    session_for_path,
+    sse_stream,
+)
+from rlgw.gateway.profile import ModelProfile
+from rlgw.gateway.render import check_template_kwargs
 from rlgw.gateway.sessions import Session
 from rlgw.gateway.tenants import bearer_key
 
 router = APIRouter()
-T = TypeVar("T")
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -58,6 +66,9 @@ class ChatCompletionRequest(BaseModel):
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     separate_reasoning: bool = True
+    # SGLang's constrained-decoding extensions, forwarded as its sampling parameters.
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 def _check_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -103,7 +114,35 @@ def _check_tools(req: ChatCompletionRequest) -> None:
         raise InvalidRequest(f"tool_choice={choice!r} needs tools", param="tool_choice")
 
 
-def chat_params(req: ChatCompletionRequest) -> ChatParams:
+def _constraints(req: ChatCompletionRequest) -> dict[str, Any]:
+    """SGLang's constrained-decoding sampling params for `response_format` (and its extensions)."""
+    out: dict[str, Any] = {}
+    fmt = req.response_format
+    kind = fmt.get("type") if fmt else None
+    if kind == "json_object":
+        out["json_schema"] = '{"type": "object"}'
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema") if fmt else None
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise InvalidRequest(
+                "response_format json_schema needs json_schema.schema (an object)", param="response_format"
+            )
+        out["json_schema"] = orjson.dumps(schema).decode()
+    elif kind not in (None, "text"):
+        raise InvalidRequest(
+            f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
+            param="response_format",
+        )
+    for name in ("regex", "ebnf"):
+        if getattr(req, name) is not None:
+            out[name] = getattr(req, name)
+    if len(out) > 1:
+        raise InvalidRequest("use one of response_format, regex and ebnf", param="response_format")
+    return out
+
+
+def chat_params(req: ChatCompletionRequest, *, event: str | None = None) -> ChatParams:
     """Validate a chat request into the parameters of one turn."""
     if req.n != 1:
         raise InvalidRequest(
@@ -111,14 +150,12 @@ def chat_params(req: ChatCompletionRequest) -> ChatParams:
             "sample (same rollout, distinct group_index)",
             param="n",
         )
-    if req.response_format and req.response_format.get("type") not in (None, "text"):
-        raise InvalidRequest(
-            "response_format other than text needs constrained decoding, which rlgw does not do"
-        )
     if req.top_logprobs and not req.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs=true", param="top_logprobs")
     _check_tools(req)
-    sampling: dict[str, Any] = {}
+    kwargs = dict(req.chat_template_kwargs or {})
+    check_template_kwargs(kwargs)
+    sampling: dict[str, Any] = _constraints(req)
     for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "stop"):
         value = getattr(req, name)
         if value is not None:
@@ -136,99 +173,160 @@ def chat_params(req: ChatCompletionRequest) -> ChatParams:
         top_logprobs=req.top_logprobs or 0,
         stream=req.stream,
         include_usage=bool((req.stream_options or {}).get("include_usage")),
-        template_kwargs=dict(req.chat_template_kwargs or {}),
+        template_kwargs=kwargs,
         separate_reasoning=req.separate_reasoning,
+        event=event,
     )
 
 
-def session_for_path(request: Request, session_id: str) -> Session:
-    """The open session named in the path; the caller must hold its key or its tenant's key.
+def _logprobs_doc(entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    if entries is None:
+        return None
 
-    On a gateway with no tenant keys (the one-machine default) the unguessable session id in
-    the path is the credential, so agents that send a placeholder key still work.
+    def one(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return {
+        "content": [
+            {**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]} for e in entries
+        ]
+    }
+
+
+def _usage(turn: ChatTurn) -> dict[str, Any]:
+    n_in, n_out = turn.prompt_tokens, len(turn.result.output_ids)
+    return {
+        "prompt_tokens": n_in,
+        "completion_tokens": n_out,
+        "total_tokens": n_in + n_out,
+        "prompt_tokens_details": {"cached_tokens": turn.result.cached_tokens},
+    }
+
+
+def completion_doc(profile: ModelProfile, turn: ChatTurn) -> dict[str, Any]:
+    """OpenAI's ChatCompletion object for a finished turn."""
+    parsed = turn.parsed
+    msg: dict[str, Any] = {
+        "role": "assistant",
+        "content": parsed.content,
+        "reasoning_content": parsed.reasoning_content,
+    }
+    if parsed.tool_calls:
+        msg["tool_calls"] = [
+            {
+                "id": cid,
+                "index": c.index,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for c, cid in zip(parsed.tool_calls, turn.call_ids, strict=True)
+        ]
+    choice = {
+        "index": 0,
+        "message": msg,
+        "finish_reason": turn.finish_reason,
+        "matched_stop": turn.matched_stop,
+        "logprobs": _logprobs_doc(turn.logprobs),
+    }
+    return {
+        "id": turn.response_id,
+        "object": "chat.completion",
+        "created": turn.created,
+        "model": profile.name,
+        "choices": [choice],
+        "usage": _usage(turn),
+        "metadata": {"weight_version": turn.result.weight_version},
+    }
+
+
+def _chunk(rid: str, created: int, model: str, delta: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, **extra}
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+
+
+def _delta_chunks(rid: str, created: int, model: str, d: ChatDelta) -> list[dict[str, Any]]:
+    """OpenAI chunks for one delta (a tool call: its name chunk, then its arguments)."""
+    lp = {"logprobs": _logprobs_doc(d.logprobs)} if d.logprobs else {}
+    if d.kind == "content":
+        return [_chunk(rid, created, model, {"content": d.text}, **lp)]
+    if d.kind == "reasoning":
+        return [_chunk(rid, created, model, {"reasoning_content": d.text}, **lp)]
+    assert d.call is not None
+    head = {"id": d.call_id, "index": d.call.index, "type": "function"}
+    args = {
+        "index": d.call.index,
+        "id": None,
+        "type": "function",
+        "function": {"arguments": d.call.arguments},
+    }
+    return [
+        _chunk(
+            rid,
+            created,
+            model,
+            {"tool_calls": [{**head, "function": {"name": d.call.name, "arguments": ""}}]},
+            **lp,
+        ),
+        _chunk(rid, created, model, {"tool_calls": [args]}),
+    ]
+
+
+async def run_turn(
+    backend: ModelBackend, profile: ModelProfile, session: Session, params: ChatParams
+) -> dict[str, Any]:
+    """A non-streamed chat turn as OpenAI's ChatCompletion object."""
+    return completion_doc(profile, await run_chat(backend, profile, session, params))
+
+
+async def stream_turn(
+    backend: ModelBackend, profile: ModelProfile, session: Session, params: ChatParams
+) -> AsyncIterator[dict[str, Any]]:
+    """A streamed chat turn as OpenAI's ChatCompletionChunk objects.
+
+    Awaiting the first chunk raises the errors that have an HTTP status; after it, the turn
+    holds the session until the iterator is exhausted or closed.
     """
-    state = request.app.state
-    session = state.sessions.get_open(session_id)
-    if len(state.tenant_keys) == 0:
-        return session
-    key = bearer_key(request)
-    if key and (state.sessions.check_key(session, key) or state.tenant_keys.owner(key) == session.tenant):
-        return session
-    raise AuthError("this session needs its API key (or its tenant's key) as the bearer token")
-
-
-def session_for_key(request: Request) -> Session:
-    """The session whose API key is the bearer token."""
-    key = bearer_key(request)
-    session = request.app.state.sessions.by_key(key) if key else None
-    if session is None:
-        raise AuthError("use a session's API key (POST /v1/sessions), or the base URL /s/{session_id}/v1")
-    return request.app.state.sessions.get_open(session.id)
-
-
-async def parse_body(request: Request) -> dict[str, Any]:
-    """The JSON object body of a request (400 if it is not one)."""
-    try:
-        doc = orjson.loads(await request.body())
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    return doc
-
-
-def _sse(doc: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(doc) + b"\n\n"
-
-
-async def sse_stream(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """SSE events for `first` and the rest; an error after the first byte travels in-stream."""
-    yield _sse(first)
-    try:
-        async for chunk in rest:
-            yield _sse(chunk)
-    except APIError as exc:
-        # After the first byte the status line is gone: errors travel in-stream.
-        yield _sse(exc.body())
-    yield b"data: [DONE]\n\n"
-
-
-async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it if the client disconnects first.
-
-    Starlette lets a non-streamed handler run on after its client is gone; here that would
-    keep the engine generating for nobody. Cancelling the turn aborts its engine request and
-    leaves the ledger untouched.
-    """
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        raise ClientDisconnected("the client disconnected before the reply was ready")
-    return task.result()
+    rid, created, model = "", 0, profile.name
+    async for item in stream_chat(backend, profile, session, params):
+        if isinstance(item, ChatStart):
+            rid, created = item.response_id, item.created
+            yield _chunk(rid, created, model, {"role": "assistant", "content": ""})
+        elif isinstance(item, ChatDelta):
+            for chunk in _delta_chunks(rid, created, model, item):
+                yield chunk
+        else:
+            final = {"finish_reason": item.finish_reason, "matched_stop": item.matched_stop}
+            if item.logprobs:
+                final["logprobs"] = _logprobs_doc(item.logprobs)
+            yield _chunk(rid, created, model, {}, **final)
+            if params.include_usage:
+                yield {
+                    "id": rid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": _usage(item),
+                }
 
 
 async def chat_completions(request: Request, session: Session) -> Response:
     """Serve one chat turn for `session` (streamed or not)."""
     state = request.app.state
-    session.last_active = time.monotonic()
-    params = chat_params(ChatCompletionRequest.model_validate(await parse_body(request)))
+    req = ChatCompletionRequest.model_validate(await parse_body(request))
+    params = chat_params(req, event=request.headers.get(EVENT_HEADER))
     if not params.stream:
         doc = await cancel_on_disconnect(request, run_turn(state.backend, state.profile, session, params))
         return json_response(200, doc)
-    chunks = await stream_turn(state.backend, state.profile, session, params)
-    # Enter the generator now: from here on it owns the session lock and releases it in any case.
+    chunks = stream_turn(state.backend, state.profile, session, params)
+    # Enter the generator now: errors with a status surface here; from here on it owns the
+    # session lock and releases it in any case.
     first = await chunks.__anext__()
     return StreamingResponse(
         sse_stream(first, chunks),

@@ -47,8 +47,20 @@ _RESERVED_KWARGS = frozenset(
     for name, p in inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters.items()
     if p.kind is not p.VAR_KEYWORD and name != "self"
 ) | {"messages"}
+# The renderer's own parameters: a template kwarg with one of these names would collide with them.
+_RENDERER_PARAMS = frozenset({"tools", "new_messages", "previous_ended_with_eos", "anchor_user"})
 # OpenAI content-part types that carry text.
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+
+
+def check_template_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """400 naming the first key of `chat_template_kwargs` that the renderer sets itself."""
+    for key in kwargs:
+        if not isinstance(key, str) or key in _RESERVED_KWARGS or key in _RENDERER_PARAMS:
+            raise InvalidRequest(
+                f"chat_template_kwargs may not set {key!r}: the gateway sets it itself",
+                param=f"chat_template_kwargs.{key}",
+            )
 
 
 class TemplateIncompatible(GatewayError):
@@ -118,6 +130,21 @@ class ChatRenderer:
                 "a special token: the engine's stop token cannot be matched to the template's turn end"
             )
         self._continuation_uses_tools = self._tools_reach_continuations()
+        self._renders_tools = self._tools_reach_prompts()
+
+    def _tools_reach_prompts(self) -> bool:
+        """Whether the template writes anything about tools at all (SmolLM2's stock one does not)."""
+        probe = [{"role": "user", "content": "y"}]
+        tool = {"type": "function", "function": {"name": "rlgw_probe_tool", "parameters": {"type": "object"}}}
+        try:
+            return self._render(probe, [tool], True, {}) != self._render(probe, None, True, {})
+        except GatewayError:
+            return False
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether a request's tools reach the prompt (if not, tools must be refused, not ignored)."""
+        return self._renders_tools
 
     def _tools_reach_continuations(self) -> bool:
         """Whether the template writes anything about tools after an assistant turn.
@@ -185,6 +212,7 @@ class ChatRenderer:
         tools: list[dict] | None,
         *,
         previous_ended_with_eos: bool,
+        anchor_user: dict | None = None,
         **kwargs: Any,
     ) -> list[int]:
         """Ids to append after the last sampled assistant turn.
@@ -198,11 +226,16 @@ class ChatRenderer:
         `previous_ended_with_eos`: the sampled ids end with one of `stop_token_ids`. The text of
         the template's end-of-turn token is then cut from the front of the increment (the model
         already emitted it); otherwise the increment starts with the template's whole closing.
+
+        `anchor_user`: the conversation's last user message before the new messages (None: it
+        has none). The anchor stands in for the history with it, so templates that treat the
+        messages after the last real user query differently (Qwen3 keeps their reasoning)
+        render the increment as the full render does; with none, the anchor has no user turn.
         """
         if not new_messages:
             raise ValueError("render_continuation needs at least one new message")
         tools = tools if self._continuation_uses_tools else None
-        return self._increment(new_messages, tools, previous_ended_with_eos, kwargs)
+        return self._increment(new_messages, tools, previous_ended_with_eos, kwargs, anchor_user, True)
 
     def _increment(
         self,
@@ -210,8 +243,22 @@ class ChatRenderer:
         tools: list[dict] | None,
         previous_ended_with_eos: bool,
         kwargs: Mapping,
+        anchor_user: dict | None = None,
+        mirror_history: bool = False,
     ) -> list[int]:
-        text = self._render([*_ANCHOR, *self.normalize(new_messages)], tools, True, kwargs)
+        anchor: list[dict] = list(_ANCHOR)
+        if mirror_history:
+            if anchor_user is not None:
+                anchor[0] = self._normalize_one(0, anchor_user)
+            else:
+                anchor = anchor[1:]
+        try:
+            text = self._render([*anchor, *self.normalize(new_messages)], tools, True, kwargs)
+        except InvalidRequest:
+            if len(anchor) == len(_ANCHOR):
+                raise
+            # A template that insists on a user turn first: the plain anchor is the best stand-in.
+            text = self._render([*_ANCHOR, *self.normalize(new_messages)], tools, True, kwargs)
         at = text.find(SENTINEL)
         if at < 0:
             raise TemplateIncompatible("the chat template dropped the anchor assistant's content")

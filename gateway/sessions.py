@@ -44,6 +44,10 @@ class Session:
     last_active: float = field(default_factory=time.monotonic)
     ledger: Ledger | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Who wins on temperature, top_p, top_k, min_p and seed: "session" (the trainer's values;
+    # the agent's are recorded in metadata) or "request" (the agent's).
+    sampling_precedence: str = "session"
+    finishing: bool = False  # finish has started: new turns are refused
     finished: bool = False
     termination_reason: str | None = None
     turns: int = 0
@@ -63,6 +67,7 @@ class Session:
             "rollout_id": self.rollout_id,
             "group_index": self.group_index,
             "policy": str(self.policy),
+            "sampling_precedence": self.sampling_precedence,
             "metadata": self.metadata,
             "created_at": self.created_at,
             "finished": self.finished,
@@ -98,6 +103,7 @@ class SessionTable:
         policy: Policy,
         metadata: dict[str, Any],
         sampling: dict[str, Any],
+        sampling_precedence: str | None = None,
     ) -> tuple[Session, str]:
         """Open a session; returns it and its API key (shown once, stored only as a digest)."""
         sid = "s-" + uuid.uuid4().hex
@@ -112,6 +118,7 @@ class SessionTable:
             policy=policy,
             metadata=metadata,
             sampling=sampling,
+            sampling_precedence=sampling_precedence or ("session" if mode is Mode.CAPTURE else "request"),
             ledger=Ledger() if mode is Mode.CAPTURE else None,
         )
         self._sessions[sid] = session
@@ -129,8 +136,8 @@ class SessionTable:
     def get_open(self, session_id: str, tenant: str | None = None) -> Session:
         """The session if it is still open, else Conflict."""
         s = self.get(session_id, tenant)
-        if s.finished:
-            raise Conflict(f"session {session_id!r} is finished", param="session_id")
+        if s.finished or s.finishing:
+            raise Conflict(f"session {session_id!r} is finished", param="session_id", code="session_finished")
         return s
 
     def by_key(self, key: str) -> Session | None:
@@ -155,6 +162,11 @@ class SessionTable:
         cutoff = time.monotonic() - idle_seconds
         stale = [s for s in self._sessions.values() if s.last_active < cutoff and not s.lock.locked()]
         return sorted(stale, key=lambda s: s.last_active)
+
+    def counts(self) -> tuple[int, int]:
+        """(open, finished) sessions held."""
+        finished = sum(1 for s in self._sessions.values() if s.finished)
+        return len(self._sessions) - finished, finished
 
     def __len__(self) -> int:
         return len(self._sessions)

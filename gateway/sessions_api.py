@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from rlgw.gateway.errors import InvalidRequest, json_response
-from rlgw.gateway.ledger import Policy
+from rlgw.gateway.ledger import Policy, Segment
 from rlgw.gateway.sample import RejectReason, SampleRejected, SampleStatus, validate_sample
 from rlgw.gateway.sessions import Mode, Session
 from rlgw.gateway.tenants import require_tenant
@@ -41,6 +42,9 @@ class SessionCreate(BaseModel):
     policy: Policy | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     sampling: dict[str, Any] = Field(default_factory=dict)
+    # Who wins on temperature, top_p, top_k, min_p and seed: the session's values ("session",
+    # capture mode's default: the trainer owns sampling) or the agent's ("request", eval's default).
+    sampling_precedence: Literal["session", "request"] | None = None
 
 
 class SessionFinish(BaseModel):
@@ -72,6 +76,7 @@ async def create_session(
         policy=body.policy or state.default_policy,
         metadata=body.metadata,
         sampling=body.sampling,
+        sampling_precedence=body.sampling_precedence,
     )
     base = state.public_url or str(request.base_url).rstrip("/")
     log.info(
@@ -121,16 +126,6 @@ async def delete_session(
     return json_response(200, {"session_id": session_id, "deleted": True})
 
 
-def _status(session: Session, body: SessionFinish) -> SampleStatus:
-    if body.status is not None:
-        return body.status
-    ledger = session.ledger
-    last = ledger.current.last_turn if ledger is not None else None
-    if session.termination_reason == "context_length_exceeded" or (last and last.finish_type == "length"):
-        return SampleStatus.TRUNCATED
-    return SampleStatus.COMPLETED
-
-
 @router.post("/v1/sessions/{session_id}/finish")
 async def finish_session(
     request: Request, session_id: str, body: SessionFinish, tenant: str = Depends(require_tenant)
@@ -140,13 +135,20 @@ async def finish_session(
     session: Session = state.sessions.get(session_id, tenant)
     if session.finished:
         return json_response(200, session.summary)
+    # From here on no new turn starts (one waiting on the lock is refused with 409); a turn that
+    # is generating is aborted, so nothing is served after finish that is not recorded.
+    session.finishing = True
     await _abort_active(request, session)
     async with session.lock:
         if session.finished:
             return json_response(200, session.summary)
         if body.termination_reason:
             session.termination_reason = body.termination_reason
-        summary = await _store_samples(request, session, body)
+        try:
+            summary = await _store_samples(request, session, body)
+        except BaseException:
+            session.finishing = False  # nothing was stored: the session is as it was
+            raise
         session.finished = True
         session.summary = summary
         session.ledger = None  # the tokens are in the store now; free the memory
@@ -180,7 +182,6 @@ async def _store_samples(request: Request, session: Session, body: SessionFinish
     ledger = session.ledger
     if ledger is None:  # eval mode records nothing
         return summary
-    status = _status(session, body)
     metadata = {
         **session.metadata,
         **body.metadata,
@@ -192,12 +193,23 @@ async def _store_samples(request: Request, session: Session, body: SessionFinish
     }
     built = ledger.build_samples(
         reward=body.reward,
-        status=status,
+        # None: each sample's status describes its own segment's end (cut by length: truncated).
+        status=body.status,
         rollout_id=session.rollout_id,
         group_index=session.group_index,
         metadata=metadata,
     )
     summary["segments"] = len(built)
+    summary["segment_causes"] = [
+        {
+            "segment": i,
+            "cause": seg.cause,
+            "detail": seg.detail,
+            "tokens": len(seg),
+            "trainable_tokens": seg.trainable_tokens(),
+        }
+        for i, seg in enumerate(ledger.segments)
+    ]
     accepted = []
     for index, sample, why in built:
         if ledger.invalid_reason is not None:
@@ -215,7 +227,10 @@ async def _store_samples(request: Request, session: Session, body: SessionFinish
         try:
             validate_sample(sample, vocab_size=state.vocab_size)
         except SampleRejected as exc:
-            summary["rejects"].append({"segment": index, "reason": str(exc.reason), "detail": exc.detail})
+            reject = {"segment": index, "reason": str(exc.reason), "detail": exc.detail}
+            if exc.reason is RejectReason.BAD_TOKEN:
+                reject["turn"] = _bad_token_turn(ledger.segments[index], state.vocab_size)
+            summary["rejects"].append(reject)
             continue
         accepted.append((index, sample))
     if accepted:
@@ -240,3 +255,13 @@ async def _store_samples(request: Request, session: Session, body: SessionFinish
             )
             summary["trainable_tokens"] += trainable
     return summary
+
+
+def _bad_token_turn(segment: Segment, vocab_size: int) -> int | None:
+    """The index of the first generated turn holding an id outside the vocabulary."""
+    ids = segment.ids_view()
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    for i, t in enumerate(segment.turns):
+        if bad.size and t.start <= bad[0] < t.end:
+            return i
+    return None

@@ -79,7 +79,7 @@ USER = [{"role": "user", "content": "hi"}]
         ({"n": 2}, "n > 1"),
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": []}, "tool_choice"),
         ({"temperature": 7}, "temperature"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
         ({"top_logprobs": 3}, "top_logprobs"),
     ],
 )
@@ -156,7 +156,7 @@ def test_failed_turns_leave_the_ledger_as_it_was(gw: str, fe: FaultEngine) -> No
     assert summary["samples"][0]["trainable_tokens"] == 2 * len(fe.reply)
 
 
-def test_context_length_exceeded_is_openais_error_and_the_termination_reason(gw: str) -> None:
+def test_context_length_exceeded_is_openais_error_and_changes_no_session_state(gw: str) -> None:
     s = session(gw)
     long = [{"role": "user", "content": "word " * 400}]
     with pytest.raises(openai.BadRequestError) as err:
@@ -165,11 +165,13 @@ def test_context_length_exceeded_is_openais_error_and_the_termination_reason(gw:
     with pytest.raises(openai.BadRequestError) as err:
         client(s).chat.completions.create(model="m", messages=USER, max_tokens=1000)
     assert err.value.code == "context_length_exceeded"
+    # A refused request is not a turn that ran out of context: the conversation then goes on
+    # and finishes normally, and its sample is `completed`, not `truncated`.
+    client(s).chat.completions.create(model="m", messages=USER)
     summary = finish(gw, s["session_id"])
-    assert summary["termination_reason"] == "context_length_exceeded"
-    assert summary["rejects"] == [
-        {"segment": 0, "reason": "empty", "detail": "segment has no generated turn"}
-    ]
+    assert summary["termination_reason"] is None and summary["rejects"] == []
+    doc = httpx.get(gw + f"/v1/trajectories/{summary['samples'][0]['cursor']}", headers=A).json()
+    assert doc["status"] == "completed"
 
 
 def _rewrite(c: openai.OpenAI) -> None:
@@ -184,7 +186,9 @@ def test_policy_segment_opens_a_new_sample_with_its_cause(gw: str) -> None:
     summary = finish(gw, s["session_id"])
     assert summary["segments"] == 2 and len(summary["samples"]) == 2
     doc = httpx.get(gw + f"/v1/trajectories/{summary['samples'][1]['cursor']}", headers=A).json()
-    assert doc["metadata"]["segment_cause"] == "history rewritten at message 0 (role 'user')"
+    assert doc["metadata"]["segment_cause"] == "rewrite"
+    assert doc["metadata"]["segment_cause_detail"] == "history rewritten at message 0 (role 'user')"
+    assert [c["cause"] for c in summary["segment_causes"]] == ["start", "rewrite"]
     assert doc["rollout_id"] == s["rollout_id"]
 
 

@@ -312,7 +312,7 @@ def test_chatml_tool_loop_is_token_exact(chatml: Stack) -> None:
 def test_streamed_and_plain_runs_record_the_same_for_a_seed(qwen3: Stack) -> None:
     docs = []
     for stream in (False, True):
-        s = open_session(qwen3, task_id=f"seed-{stream}")
+        s = open_session(qwen3, task_id=f"seed-{stream}", sampling_precedence="request")
         run_agent(qwen3, s, fp.WEATHER, followups=[], stream=stream, temperature=1.0, seed=1234)
         summary = finish(qwen3, s["session_id"])
         docs.append(stored(qwen3, summary["samples"][0]["cursor"]))

@@ -44,12 +44,12 @@ def _assistant_call(call_id: str, args: str) -> dict:
 def test_append_then_echo_with_reserialized_arguments_is_not_a_fork() -> None:
     ledger = Ledger()
     msgs = [SYSTEM, USER]
-    assert ledger.sync(msgs) == msgs
+    assert ledger.sync(msgs).new == msgs
     _commit(ledger, msgs, [1, 2, 3], [10, 11, 12], calls=["call_a"])
     # The agent echoes the call with its own JSON formatting and appends the tool result.
     tool = {"role": "tool", "tool_call_id": "call_a", "content": "sunny"}
     history = [SYSTEM, USER, _assistant_call("call_a", '{ "city" : "Paris" }'), tool]
-    assert ledger.sync(history) == [tool]
+    assert ledger.sync(history).new == [tool]
 
 
 def test_plain_answer_matches_by_content_and_reasoning_is_not_compared() -> None:
@@ -57,17 +57,17 @@ def test_plain_answer_matches_by_content_and_reasoning_is_not_compared() -> None
     _commit(ledger, [USER], [1, 2], [5, 6, 7], content="It is sunny.")
     echoed = {"role": "assistant", "content": "It is sunny.\n", "reasoning_content": None}
     follow = {"role": "user", "content": "Thanks"}
-    assert ledger.sync([USER, echoed, follow]) == [follow]
+    assert ledger.sync([USER, echoed, follow]).new == [follow]
     changed = {"role": "assistant", "content": "Something else"}
     v = ledger.sync([USER, changed, follow])
-    assert isinstance(v, Violation) and v.kind == "rewritten" and v.index == 1
+    assert isinstance(v, Violation) and v.cause == "rewrite" and v.index == 1
 
 
 def test_shrunk_and_rewritten_history_are_violations() -> None:
     ledger = Ledger()
     _commit(ledger, [SYSTEM, USER], [1, 2], [3], content="x")
     v = ledger.sync([SYSTEM])
-    assert isinstance(v, Violation) and v.kind == "shrank"
+    assert isinstance(v, Violation) and v.cause == "truncation"
     v = ledger.sync([{"role": "system", "content": "SUMMARY"}, USER, {"role": "assistant", "content": "x"}])
     assert isinstance(v, Violation) and v.index == 0
     # Wrong tool-call id on the echoed assistant turn.
@@ -81,7 +81,7 @@ def test_null_fields_added_on_resend_are_not_rewrites() -> None:
     ledger = Ledger()
     _commit(ledger, [USER], [1], [2], content="ok")
     resent = {**USER, "name": None}
-    assert ledger.sync([resent, {"role": "assistant", "content": "ok"}, USER]) == [USER]
+    assert ledger.sync([resent, {"role": "assistant", "content": "ok"}, USER]).new == [USER]
 
 
 def test_retry_of_the_last_request_rolls_the_turn_back() -> None:
@@ -95,7 +95,7 @@ def test_retry_of_the_last_request_rolls_the_turn_back() -> None:
     ledger.rollback_last_turn()
     assert list(ledger.current.ids) == [1, 2, 3, 4]
     assert len(ledger.current.turns) == 1 and ledger.current.versions == [["v1", 2, 4]]
-    assert ledger.sync(tool_turn) == [tool_turn[2]]
+    assert ledger.sync(tool_turn).new == [tool_turn[2]]
 
 
 def test_samples_mask_logprobs_and_version_spans() -> None:

@@ -293,8 +293,9 @@ def test_render_continuation_renders_only_the_increment(qwen3: ChatRenderer, mon
     monkeypatch.setattr(jinja2.Template, "render", spy_render)
     monkeypatch.setattr(ChatRenderer, "tokenize", spy_tokenize)
 
-    qwen3.render_continuation(new, TOOLS, previous_ended_with_eos=True)
-    assert rendered == [(3, len("x") + len(SENTINEL) + len("fresh result"))]
+    anchor = {"role": "user", "content": "the last question"}
+    qwen3.render_continuation(new, TOOLS, previous_ended_with_eos=True, anchor_user=anchor)
+    assert rendered == [(3, len(anchor["content"]) + len(SENTINEL) + len("fresh result"))]
     assert encoded and max(encoded) < 200  # the increment's text only
 
     # The spies do see a whole history when one is rendered.

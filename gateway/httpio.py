@@ -1,0 +1,113 @@
+"""HTTP helpers every API surface shares: session lookup by path or key, the JSON body, SSE,
+and tying a non-streamed turn to its client's connection.
+
+It knows nothing about any surface's request or response shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+from fastapi import Request
+
+from rlgw.gateway.errors import APIError, AuthError, ClientDisconnected, InvalidRequest
+from rlgw.gateway.sessions import Session
+from rlgw.gateway.tenants import bearer_key
+
+T = TypeVar("T")
+
+EVENT_HEADER = "x-rlgw-event"  # a segment cause the agent states (compaction, summarization, ...)
+
+
+def session_for_path(request: Request, session_id: str) -> Session:
+    """The open session named in the path; the caller must hold its key or its tenant's key.
+
+    On a gateway with no tenant keys (the one-machine default) the unguessable session id in
+    the path is the credential, so agents that send a placeholder key still work.
+    """
+    state = request.app.state
+    session = state.sessions.get_open(session_id)
+    if len(state.tenant_keys) == 0:
+        return session
+    key = bearer_key(request)
+    if key and (state.sessions.check_key(session, key) or state.tenant_keys.owner(key) == session.tenant):
+        return session
+    raise AuthError("this session needs its API key (or its tenant's key) as the bearer token")
+
+
+def session_for_key(request: Request) -> Session:
+    """The session whose API key is the bearer token."""
+    key = bearer_key(request)
+    session = request.app.state.sessions.by_key(key) if key else None
+    if session is None:
+        raise AuthError("use a session's API key (POST /v1/sessions), or the base URL /s/{session_id}/v1")
+    return request.app.state.sessions.get_open(session.id)
+
+
+async def parse_body(request: Request) -> dict[str, Any]:
+    """The JSON object body of a request (400 if it is not one)."""
+    try:
+        doc = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    return doc
+
+
+def _sse(doc: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+async def sse_stream(
+    first: dict[str, Any],
+    rest: AsyncIterator[dict[str, Any]],
+    *,
+    encode: Callable[[dict[str, Any]], bytes] = _sse,
+    error: Callable[[APIError], bytes] | None = None,
+    done: bytes = b"data: [DONE]\n\n",
+) -> AsyncIterator[bytes]:
+    """SSE events for `first` and the rest; an error after the first byte travels in-stream.
+
+    `encode` writes one event (OpenAI's `data:` lines by default; surfaces with named events
+    pass their own), `error` an in-stream error, `done` the closing line (b"" for none).
+    """
+    yield encode(first)
+    try:
+        async for chunk in rest:
+            yield encode(chunk)
+    except APIError as exc:
+        # After the first byte the status line is gone: errors travel in-stream.
+        yield error(exc) if error is not None else encode(exc.body())
+    if done:
+        yield done
+
+
+async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client disconnects first.
+
+    Starlette lets a non-streamed handler run on after its client is gone; here that would
+    keep the engine generating for nobody. Cancelling the turn aborts its engine request and
+    leaves the ledger untouched.
+    """
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientDisconnected("the client disconnected before the reply was ready")
+    return task.result()

@@ -1,0 +1,229 @@
+"""One turn's lifecycle, the same for every API surface, streamed or not.
+
+A surface (Chat Completions, Completions, Anthropic Messages, OpenAI Responses) is a thin
+translation: it validates its request, builds a `Plan` (what the engine is fed and what the
+ledger will record), and runs the engine call inside `turn_scope`. The scope owns everything
+a turn must do the same way everywhere:
+
+- the session lock (one turn at a time per session), held for the whole turn, a stream's
+  body included, and released on every exit path;
+- the check that the session is still open (a turn that waited on the lock while `finish`
+  ran is refused with 409, never served unrecorded);
+- the engine request id, registered so `finish`/`delete` can abort it;
+- the counters: `turns` rises when a turn commits, `failed_turns` on any other exit
+  (an error, an engine abort, a client that disconnected mid-stream);
+- the commit: the policy's segment change, a replaced retry, the prompt increment and the
+  sampled ids are applied together, only after the engine answered (`commit`), so a turn
+  that fails leaves the ledger and the session exactly as they were.
+
+Policies are decided while planning (`decide`) but act only at commit. This module knows the
+ledger and the session; it knows nothing about request or response shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlgw.gateway.backend import GenerationResult, new_rid
+from rlgw.gateway.errors import Conflict, ContextLengthExceeded
+from rlgw.gateway.ledger import Cause, Policy, TurnCommit, Violation
+from rlgw.gateway.profile import ModelProfile
+from rlgw.gateway.sessions import Session
+
+log = logging.getLogger(__name__)
+
+# Sampling keys the trainer owns in a session whose sampling precedence is `session`.
+OWNED_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "sampling_seed")
+
+
+@dataclass(slots=True)
+class Plan:
+    """What a turn feeds the engine and, if it commits, what it does to the ledger."""
+
+    input_ids: np.ndarray
+    increment: list[int]
+    recorded: bool  # False: eval mode, or capture turned off (passthrough)
+    new_messages: list[dict[str, Any]] | None = None  # None: a completions turn (no messages)
+    surface: str = "chat"
+    tools: int = 0  # tools_digest of the request
+    segment: tuple[str, str] | None = None  # (cause, detail): open a new segment first
+    invalidate: str | None = None  # passthrough: turn capture off (this turn is not recorded)
+    replace_last: bool = False  # a client retry: this turn replaces the last one
+    echo_matches: list[tuple[int, str]] = field(default_factory=list)
+    echo_edits: list[tuple[int, str]] = field(default_factory=list)
+    agent_text: str = ""  # completions: the prompt text this turn adds
+    reasoning_forced: bool = False  # the generation prompt already opened a think block
+
+
+@dataclass(slots=True)
+class Turn:
+    """One running turn: its engine request id and when its request arrived."""
+
+    session: Session
+    rid: str
+    arrived: float
+    committed: bool = False
+
+
+@contextlib.asynccontextmanager
+async def turn_scope(session: Session, *, arrived: float | None = None) -> AsyncIterator[Turn]:
+    """Hold the session for one turn; see the module docstring for what it owns."""
+    arrived = time.monotonic() if arrived is None else arrived
+    async with session.lock:
+        if session.finished or session.finishing:
+            raise Conflict(f"session {session.id!r} is finished", param="session_id", code="session_finished")
+        turn = Turn(session, new_rid(), arrived)
+        session.active_rids.add(turn.rid)
+        session.last_active = time.monotonic()
+        try:
+            yield turn
+        finally:
+            session.active_rids.discard(turn.rid)
+            if turn.committed:
+                session.turns += 1
+            else:
+                session.failed_turns += 1
+
+
+def decide(session: Session, violation: Violation, event: str | None) -> tuple[str, str] | str:
+    """The session policy's answer to a rewritten history, without changing anything yet.
+
+    Returns `(cause, detail)` for a new segment, or the reason capture turns off
+    (passthrough); `refuse` raises 409. An agent-stated cause (`X-Rlgw-Event`) names the segment.
+    """
+    if session.policy is Policy.REFUSE:
+        raise Conflict(f"{violation}; this session's policy is 'refuse'", code="history_rewritten")
+    if session.policy is Policy.PASSTHROUGH:
+        return str(violation)
+    return (event or violation.cause, str(violation))
+
+
+def duplicate_cause(turn: Turn, last_committed_at: float) -> str:
+    """A duplicate of the last request is a retry if it arrived after that turn committed (the
+    agent lost the reply), and concurrent if it arrived while that turn was still running."""
+    return Cause.CONCURRENT if turn.arrived < last_committed_at else Cause.RETRY
+
+
+def engine_sampling(
+    profile: ModelProfile,
+    session: Session,
+    requested: dict[str, Any],
+    max_tokens: int | None,
+    top_logprobs: int,
+    prompt_len: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """SGLang sampling params for the turn, and what the agent asked for that was overridden.
+
+    In a session whose sampling precedence is `session` (capture mode's default) the trainer
+    owns temperature, top_p, top_k, min_p and the seed: the agent's values are not applied and
+    are returned for the sample's metadata. `max_new_tokens` is checked against the context;
+    a refusal changes nothing in the session.
+    """
+    room = profile.context_length - prompt_len
+    if room <= 0:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {profile.context_length} tokens. However, your "
+            f"messages resulted in {prompt_len} tokens.",
+            param="messages",
+        )
+    max_new = max_tokens if max_tokens is not None else session.sampling.get("max_tokens")
+    if max_new is not None and max_new > room:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {profile.context_length} tokens. However, you "
+            f"requested {prompt_len + max_new} tokens ({prompt_len} in the messages, {max_new} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            param="max_tokens",
+        )
+    overridden: dict[str, Any] = {}
+    sp = {k: v for k, v in session.sampling.items() if k != "max_tokens"}
+    for k, v in requested.items():
+        if session.sampling_precedence == "session" and k in OWNED_SAMPLING:
+            overridden[k] = v
+        else:
+            sp[k] = v
+    sp["max_new_tokens"] = int(max_new if max_new is not None else room)
+    if top_logprobs:
+        sp["top_logprobs_num"] = top_logprobs
+    return sp, overridden
+
+
+def commit(
+    profile: ModelProfile,
+    turn: Turn,
+    plan: Plan,
+    result: GenerationResult,
+    *,
+    response_id: str,
+    call_ids: list[str],
+    calls: tuple[tuple[str, str], ...],
+    content: str,
+    parse_errors: list[dict[str, Any]],
+    overridden: dict[str, Any],
+    end_of_turn_id: int | None,
+) -> None:
+    """Apply the plan and append the finished generation; the turn counts as served.
+
+    A generation that filled the model's whole context sets the session's termination reason
+    to `context_length_exceeded` (a refused request never does). The turn counts as closed only
+    when its last sampled id is the template's end-of-turn token: a turn cut by length, a stop
+    string or another EOS gets the template's closing in the next increment, as a full render has it.
+    """
+    session = turn.session
+    if (
+        result.finish_type == "length"
+        and len(plan.input_ids) + len(result.output_ids) >= profile.context_length
+    ):
+        session.termination_reason = "context_length_exceeded"
+    ledger = session.ledger
+    if plan.invalidate is not None and ledger is not None:
+        ledger.invalidate(plan.invalidate)
+        log.warning(
+            "capture turned off", extra={"fields": {"session": session.id, "reason": plan.invalidate}}
+        )
+    if not plan.recorded or ledger is None or not ledger.capturing:
+        turn.committed = True
+        return
+    if plan.segment is not None:
+        ledger.new_segment(*plan.segment)
+    seg = ledger.current
+    if plan.replace_last:
+        old = ledger.rollback_last_turn()
+        seg.note("replaced_turns", {"turn": len(seg.turns), "rid": old.rid, "response_id": old.response_id})
+        log.info("turn retried", extra={"fields": {"session": session.id, "replaced_rid": old.rid}})
+    for index, how in plan.echo_matches:
+        seg.note("echo_matches", {"turn": index, "how": how})
+    for index, what in plan.echo_edits:
+        seg.note("echo_edits", {"turn": index, "field": what})
+    if overridden:
+        seg.note("agent_sampling", {"turn": len(seg.turns), **overridden})
+    ended = bool(result.output_ids) and result.output_ids[-1] == end_of_turn_id
+    ledger.commit(
+        TurnCommit(
+            new_messages=plan.new_messages,
+            prompt_ids=plan.increment,
+            output_ids=result.output_ids,
+            logprobs=result.logprobs,
+            version_spans=result.version_spans,
+            response_id=response_id,
+            tool_call_ids=tuple(call_ids),
+            content=content,
+            rid=result.rid,
+            finish_type=result.finish_type,
+            ended_with_stop_token=ended,
+            parse_errors=parse_errors,
+            agent_text=plan.agent_text,
+            surface=plan.surface,
+            tools=plan.tools,
+            calls=calls,
+            committed_at=time.monotonic(),
+        ),
+        result.weight_version,
+    )
+    turn.committed = True

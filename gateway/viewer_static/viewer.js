@@ -46,7 +46,9 @@
     } finally {
       st.loading = false;
     }
-    if (visible(st.sentinel)) loadNext(st);
+    if (st.next > st.pageSize || visible(st.pane)) {
+      if (visible(st.sentinel)) loadNext(st);
+    }
   }
 
   function visible(el) {
@@ -81,6 +83,7 @@
     };
     panes.set(pane.dataset.seg, st);
     pane.dataset.loaded = "0";
+    loadNext(st);  // the first page at once, wherever the pane is; the rest as it scrolls into view
     observer.observe(st.sentinel);
     pane.addEventListener("mouseover", (ev) => {
       const i = ev.target.dataset && ev.target.dataset.i;

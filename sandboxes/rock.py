@@ -8,6 +8,16 @@ key travels as `XRL-Authorization: Bearer KEY`. Directory transfer goes through 
 plus `tar`, downloads through `execute` with `tar | base64` (ROCK's admin API has no
 download route).
 
+What ROCK really does, and how this client copes (observed in `rl-rock` 1.11's rocklet and
+admin code, `rock/rocklet/server.py` and `rock/sandbox/service/sandbox_proxy_service.py`):
+- the in-sandbox server cuts every request at 85 s, and the admin turns that 504 (and any
+  rocklet exception, a command timeout included) into a *successful* reply with
+  `exit_code: -1` and empty output while the command runs on. So every command runs as a
+  detached job (`sandboxes.jobs`), polled by short requests, killed on its own deadline;
+- `read_file` of a missing file is a successful reply with empty content (the rocklet's
+  error is swallowed). So files are read through `execute` with an explicit existence
+  test, byte-exact (`test -f` then `base64`).
+
 This module owns the wire mapping only: no retries beyond status polling, nothing about
 agents. Configure it with `RockConfig` (or `RockConfig.from_env()`: `ROCK_BASE_URL`,
 `ROCK_API_KEY`, `ROCK_IMAGE`).
@@ -31,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from rlgw.sandboxes import jobs
 from rlgw.sandboxes.base import (
     ExecResult,
     SandboxCommandError,
@@ -45,6 +56,12 @@ log = logging.getLogger(__name__)
 API_PREFIX = "/apis/envs/sandbox/v1"
 # Extra seconds the HTTP read may take beyond a command's own limit (queueing, transfer).
 HTTP_SLACK_S = 30.0
+# Output kept per command (its tail), as the local sandbox keeps.
+MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+# Poll replies in a row that carry no job state (cut or failed requests) before giving up.
+MAX_INCONCLUSIVE_POLLS = 3
+# Exit code of the existence tests in read_file / download.
+_MISSING = 44
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +83,9 @@ class RockConfig:
     auto_clear_minutes: int = 360
     workdir: str = "/workspace"
     scratch: str = "/rlgw"
+    jobs_dir: str = "/tmp/rlgw-jobs"
+    # Longest one poll request waits in the sandbox: must stay below ROCK's request cut (85 s).
+    poll_wait_s: float = jobs.POLL_WAIT_S
     extra_headers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -86,11 +106,12 @@ class RockConfig:
 class RockSandbox:
     """One ROCK sandbox driven over HTTP.
 
-    Features: async start with status polling that fails fast on a failed phase, command
-    limits enforced by ROCK (`timeout` on `execute`; a ROCK timeout becomes
-    `ExecResult(timed_out=True)`), byte-exact file transfer for directories via tar.
-    Trade-offs: ROCK drops a timed-out command's output, and `read_file` goes through ROCK's
-    text API (use `download` for binary files).
+    Features: async start with status polling that fails fast on a failed phase; commands
+    of any length as detached jobs (no request outlives ROCK's 85 s cut), killed as a whole
+    process group past their limit (`ExecResult(timed_out=True)` with the output so far);
+    byte-exact reads with an explicit existence test; directories moved via tar.
+    Trade-offs: every command costs at least one request plus a job directory under
+    `config.jobs_dir`; a command longer than `jobs.POLL_WAIT_S` costs one request per poll.
     """
 
     def __init__(self, config: RockConfig, *, client: httpx.AsyncClient | None = None):
@@ -100,6 +121,7 @@ class RockSandbox:
         self._sandbox_id: str | None = None
         self._workdir: str | None = None
         self._scratch: str | None = None
+        self._finished_jobs: list[jobs.DetachedJob] = []  # read, their directories not yet removed
 
     @property
     def id(self) -> str:
@@ -221,6 +243,29 @@ class RockSandbox:
             extra={"fields": {"sandbox": self._sandbox_id, "image": self.config.image}},
         )
 
+    async def _request(self, script: str, *, wait_s: float) -> tuple[int | None, str, str]:
+        """One `execute` call running `script` (expected back within `wait_s`): (exit, stdout, stderr).
+
+        Directories of jobs already read are removed first. ROCK's `timeout` is set past `wait_s`
+        so that ROCK's own subprocess limit never fires first. A `Failed` reply (ROCK's admin
+        answers so when it cannot reach the rocklet) comes back as exit None with the error text.
+        """
+        cleanup, self._finished_jobs = "".join(j.cleanup_script() for j in self._finished_jobs), []
+        ok, result, error = await self._call(
+            "POST",
+            "execute",
+            json={
+                "sandbox_id": self._sandbox_id,
+                "command": ["bash", "-c", cleanup + script],
+                "timeout": wait_s + HTTP_SLACK_S,
+                "cwd": None,
+            },
+            read_timeout=wait_s + 2 * HTTP_SLACK_S,
+        )
+        if not ok:
+            return None, "", error
+        return result.get("exit_code"), result.get("stdout") or "", result.get("stderr") or ""
+
     async def _execute(
         self,
         command: str,
@@ -228,29 +273,44 @@ class RockSandbox:
         timeout: float | None,  # noqa: ASYNC109
         cwd: str | None,
         env: Mapping[str, str] | None = None,
+        max_output: int | None = MAX_OUTPUT_BYTES,
     ) -> ExecResult:
-        # ROCK runs `command` with subprocess (shell=False) and *replaces* the environment when
-        # `env` is given; so the command is a bash argv and extra variables are exported in it.
-        script = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items()) + command
+        """Run `command` as a detached job (see `jobs`), polled until it ends or `timeout` passes."""
+        job = jobs.DetachedJob(f"{self.config.jobs_dir}/{uuid.uuid4().hex}", max_output)
         started = time.monotonic()
-        ok, result, error = await self._call(
-            "POST",
-            "execute",
-            json={
-                "sandbox_id": self._sandbox_id,
-                "command": ["bash", "-c", script],
-                "timeout": timeout,
-                "cwd": cwd,
-            },
-            read_timeout=(timeout or 1200) + HTTP_SLACK_S,
-        )
-        elapsed = time.monotonic() - started
-        if not ok:
-            if "Timeout" in error:
-                return ExecResult(exit_code=None, output="", timed_out=True, duration_s=elapsed)
-            raise SandboxCommandError(f"ROCK execute failed in {self._sandbox_id}: {error}")
-        output = (result.get("stdout") or "") + (result.get("stderr") or "")
-        return ExecResult(exit_code=result.get("exit_code"), output=output, duration_s=elapsed)
+        deadline = None if timeout is None else started + timeout
+        launch = job.launch_script(command, cwd=cwd, env=env)
+        inconclusive = 0
+        try:
+            while True:
+                wait_s = self.config.poll_wait_s
+                if deadline is not None:
+                    wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
+                exit_code, stdout, stderr = await self._request(
+                    launch + job.poll_script(wait_s), wait_s=wait_s
+                )
+                state = jobs.read_state(stderr)
+                if state.done:
+                    return ExecResult(state.exit_code, stdout, duration_s=time.monotonic() - started)
+                if state.missing:
+                    raise SandboxCommandError(f"ROCK job {job.dir} did not start in {self._sandbox_id}")
+                if state.running:
+                    inconclusive, launch = 0, ""  # it runs: later requests only poll
+                else:
+                    # ROCK's cut or a rocklet error, reported as exit -1 with no output, or a
+                    # `Failed` reply: the job (if launched) runs on; the launch is safe to resend.
+                    inconclusive += 1
+                    if inconclusive > MAX_INCONCLUSIVE_POLLS:
+                        raise SandboxCommandError(
+                            f"ROCK gave {inconclusive} replies without job state in {self._sandbox_id} "
+                            f"(exit {exit_code}): {(stdout + stderr)[-500:]}"
+                        )
+                if deadline is not None and time.monotonic() >= deadline:
+                    kill = job.kill_script(jobs.KILL_GRACE_S)
+                    _, partial, _ = await self._request(kill, wait_s=jobs.KILL_GRACE_S)
+                    return ExecResult(None, partial, timed_out=True, duration_s=time.monotonic() - started)
+        finally:
+            self._finished_jobs.append(job)
 
     async def exec(
         self,
@@ -260,7 +320,7 @@ class RockSandbox:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> ExecResult:
-        """Run `command` with bash via ROCK's `execute`; `cwd` defaults to `workdir`."""
+        """Run `command` with bash as a detached job in the sandbox; `cwd` defaults to `workdir`."""
         return await self._execute(
             command, timeout=timeout, cwd=resolve(self.workdir, cwd) if cwd else self.workdir, env=env
         )
@@ -337,18 +397,20 @@ class RockSandbox:
             raise SandboxCommandError(f"ROCK write_file {target} failed in {self._sandbox_id}: {detail}")
 
     async def read_file(self, path: str) -> bytes:
-        """Read a text file through `read_file` (undecodable bytes are replaced)."""
-        target = resolve(self.workdir, path)
-        ok, result, error = await self._call(
-            "POST",
-            "read_file",
-            json={"sandbox_id": self._sandbox_id, "path": target, "encoding": "utf-8", "errors": "replace"},
-        )
-        if not ok:
-            if "No such file" in error or "not found" in error.lower():
-                raise SandboxFileNotFound(f"{target!r} does not exist in {self._sandbox_id}")
-            raise SandboxCommandError(f"ROCK read_file {target} failed in {self._sandbox_id}: {error}")
-        return (result.get("content") or "").encode()
+        """The exact bytes of a file; `SandboxFileNotFound` if it does not exist.
+
+        Not ROCK's `read_file`: that answers a missing file with success and empty content.
+        """
+        target = shlex.quote(resolve(self.workdir, path))
+        res = await self._execute(
+            f"test -f {target} || exit {_MISSING}; base64 {target} | tr -d '\\n'",
+            timeout=600, cwd=None, max_output=None,
+        )  # fmt: skip
+        if res.exit_code == _MISSING:
+            raise SandboxFileNotFound(f"{path!r} does not exist in {self._sandbox_id}")
+        if not res.ok:
+            raise SandboxCommandError(f"reading {path} failed in {self._sandbox_id}: {res.output[-500:]}")
+        return base64.b64decode(res.output)
 
     async def _upload_bytes(self, data: bytes, target: str) -> None:
         ok, result, error = await self._call(
@@ -386,12 +448,13 @@ class RockSandbox:
         target = resolve(self.workdir, remote)
         parent, name = os.path.dirname(target) or "/", os.path.basename(target)
         res = await self._execute(
-            f"test -e {shlex.quote(target)} || exit 44; "
+            f"test -e {shlex.quote(target)} || exit {_MISSING}; "
             f"tar czf - -C {shlex.quote(parent)} {shlex.quote(name)} | base64 | tr -d '\\n'",
             timeout=600,
             cwd=None,
+            max_output=None,
         )
-        if res.exit_code == 44:
+        if res.exit_code == _MISSING:
             raise SandboxFileNotFound(f"{target!r} does not exist in {self._sandbox_id}")
         if not res.ok:
             raise SandboxCommandError(f"packing {target} failed in {self._sandbox_id}: {res.output[-500:]}")

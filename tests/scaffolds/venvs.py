@@ -1,0 +1,62 @@
+"""Virtual environments for real agents, built from PyPI on first use and cached per user.
+
+Each agent (harbor for Terminus-2, `openhands`, `openhands-ai`, ROCK's rocklet) needs its own
+interpreter and dependency set, so each gets `~/.cache/rlgw/agents/<name>-<version>`
+(`RLGW_AGENT_CACHE` overrides the root), built once under a file lock and marked ready only
+after its install succeeded. A test that needs a Python this machine lacks is skipped.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+READY = ".rlgw-ready"
+
+
+def cache_root() -> Path:
+    """Where agent environments live."""
+    return Path(os.environ.get("RLGW_AGENT_CACHE", Path.home() / ".cache" / "rlgw" / "agents"))
+
+
+def find_python(version: str) -> str | None:
+    """An interpreter for `version` (e.g. "3.12"): on PATH, else from pyenv's versions."""
+    if found := shutil.which(f"python{version}"):
+        return found
+    root = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
+    candidates = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"))
+    return candidates[-1] if candidates else None
+
+
+def agent_venv(name: str, version: str, requirements: list[str], *, python: str = "3.12",
+               timeout_s: float = 1800) -> Path:  # fmt: skip
+    """The ready venv for `name`-`version` (built with `requirements` if missing); skips without `python`."""
+    venv = cache_root() / f"{name}-{version}"
+    if (venv / READY).exists():
+        return venv
+    interpreter = find_python(python)
+    if interpreter is None:
+        pytest.skip(f"{name} needs Python {python}, not found on PATH or in pyenv")
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".{name}-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another test process may be building the same venv
+        if (venv / READY).exists():
+            return venv
+        shutil.rmtree(venv, ignore_errors=True)  # a half-built one from an interrupted run
+        started = time.monotonic()
+        subprocess.run([interpreter, "-m", "venv", str(venv)], check=True, timeout=120)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        done = subprocess.run([*pip, *requirements], capture_output=True, text=True, timeout=timeout_s)
+        if done.returncode != 0:
+            raise RuntimeError(f"installing {requirements} into {venv} failed:\n{done.stderr[-3000:]}")
+        (venv / READY).write_text(
+            f"{' '.join(requirements)}\ninstalled in {time.monotonic() - started:.0f}s\n"
+        )
+    return venv

@@ -1,0 +1,117 @@
+"""The training objective of one micro-batch, from a model's logits: what every trainer backend shares.
+
+policy loss (PPO clip on the ratio to the old policy, optionally truncated-IS corrected) + kl_coef *
+K3(pi || teacher or reference) - entropy_coef * entropy, each reduced with the step-wide token
+weights (`losses.token_weights`), so micro-batch losses and their gradients add up to the step's.
+Backends (PyTorch, Megatron) only produce logits and apply the optimizer; this module owns the math.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from rlgw.trainer import losses
+from rlgw.trainer.batch import MicroBatch
+from rlgw.trainer.losses import Reduction
+
+
+@dataclass(frozen=True, slots=True)
+class LossConfig:
+    """Objective settings.
+
+    `old_log_probs`: "rollout" takes the engine's `rollout_log_probs` as pi_old (the ratio is 1
+    exactly when trainer and engine agree); "recompute" takes the trainer's own logprobs before the
+    update as pi_old and corrects the engine/trainer gap with truncated IS (`tis_cap`).
+    `kl_source`: "teacher" uses the samples' `teacher_log_probs`, "reference" a frozen copy of the
+    initial policy (the trainer computes it).
+    """
+
+    reduction: Reduction = Reduction.PER_ROLLOUT_MEAN
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    old_log_probs: Literal["rollout", "recompute"] = "rollout"
+    tis_cap: float | None = None
+    kl_coef: float = 0.0
+    kl_source: Literal["teacher", "reference"] = "reference"
+    entropy_coef: float = 0.0
+
+
+def token_log_probs(logits: Tensor, input_ids: Tensor) -> Tensor:
+    """log pi(token p | tokens < p) at every position p >= 1, aligned to `input_ids` (0.0 at p = 0)."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(picked, (1, 0))
+
+
+def shifted_entropy(logits: Tensor) -> Tensor:
+    """Entropy of the distribution that predicted each token, aligned like `token_log_probs`."""
+    return torch.nn.functional.pad(losses.entropy_from_logits(logits[:, :-1]), (1, 0))
+
+
+def micro_batch_loss(
+    logits: Tensor,
+    mb: MicroBatch,
+    rollout_tokens: Tensor,
+    cfg: LossConfig,
+    *,
+    old_log_probs: Tensor | None = None,
+    ref_log_probs: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """This micro-batch's share of the step loss, and its additive metrics (sums over the step add up).
+
+    `old_log_probs` is needed when `cfg.old_log_probs == "recompute"`; `ref_log_probs` when the KL
+    source is the reference model.
+    """
+    weights = losses.token_weights(mb.loss_mask, mb.rollout_index, rollout_tokens, cfg.reduction)
+    logp = token_log_probs(logits, mb.input_ids)
+    adv = mb.advantages[:, None].expand_as(logp)
+    if cfg.old_log_probs == "recompute":
+        if old_log_probs is None:
+            raise ValueError("old_log_probs='recompute' needs the trainer's logprobs before the update")
+        old = old_log_probs.detach()
+    else:
+        old = mb.rollout_log_probs
+    pg, clipped = losses.ppo_policy_loss(
+        logp, old, adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip
+    )
+    if cfg.tis_cap is not None and cfg.old_log_probs == "recompute":
+        pg = pg * losses.truncated_is_weights(old, mb.rollout_log_probs, cfg.tis_cap)
+    pg_loss = losses.weighted_sum(pg, weights)
+    total = pg_loss
+    metrics: dict[str, float] = {"pg_loss": float(pg_loss.detach())}
+    if cfg.kl_coef:
+        ref = mb.teacher_log_probs if cfg.kl_source == "teacher" else ref_log_probs
+        if ref is None:
+            raise ValueError(
+                f"kl_coef > 0 with kl_source={cfg.kl_source!r} but no such logprobs in the batch"
+            )
+        kl = losses.weighted_sum(losses.k3_kl(logp, ref), weights)
+        total = total + cfg.kl_coef * kl
+        metrics["kl"] = float(kl.detach())
+    if cfg.entropy_coef:
+        ent = losses.weighted_sum(shifted_entropy(logits), weights)
+        total = total - cfg.entropy_coef * ent
+        metrics["entropy"] = float(ent.detach())
+    with torch.no_grad():
+        ratio = losses.importance_ratio(logp, mb.rollout_log_probs)
+        on = mb.loss_mask > 0
+        metrics["clipfrac"] = float(losses.weighted_sum(clipped, weights))
+        metrics["ratio_mean"] = float(losses.weighted_sum(ratio, weights))
+        gap = (logp - mb.rollout_log_probs).abs()[on]
+        metrics["logprob_gap_max"] = float(gap.max()) if gap.numel() else 0.0
+    metrics["loss"] = float(total.detach())
+    return total, metrics
+
+
+def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Step metrics from micro-batch ones: sums, except `logprob_gap_max` (a max)."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = max(out.get(k, 0.0), v) if k == "logprob_gap_max" else out.get(k, 0.0) + v
+    return out

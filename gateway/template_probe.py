@@ -73,6 +73,29 @@ _CONVERSATION: list[dict[str, Any]] = [
 ]
 _ASSISTANTS = [i for i, m in enumerate(_CONVERSATION) if m["role"] == "assistant"]
 _FIRST_TOOL = 3  # _CONVERSATION[3] and [4] are consecutive tool results
+# A conversation with no real user query (the task is in the system prompt; results come back
+# as tool messages) and an assistant message the agent supplies itself, with reasoning, in an
+# increment: templates that keep the reasoning only after the last user query (Qwen3) must
+# render it in the increment as in the full render. Only _NO_QUERY_GENERATED are sampled turns.
+_NO_QUERY: list[dict[str, Any]] = [
+    {"role": "system", "content": "probe system prompt with the task"},
+    {
+        "role": "assistant",
+        "reasoning_content": _REASONING[0],
+        "content": "probe-call-one",
+        "tool_calls": [_call("c1", "a")],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "probe result a"},
+    {
+        "role": "assistant",
+        "reasoning_content": _REASONING[1],
+        "content": "probe-injected",
+        "tool_calls": [_call("c2", "b")],
+    },
+    {"role": "tool", "tool_call_id": "c2", "content": "probe result b"},
+    {"role": "assistant", "reasoning_content": _REASONING[2], "content": "probe-answer-one"},
+]
+_NO_QUERY_GENERATED = [1, 5]
 
 
 @dataclass
@@ -153,30 +176,47 @@ def _probe(renderer: ChatRenderer, started: float) -> ProbeReport:
         # samples no reasoning after it, so the ledger is simulated without any.
         conv = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in conv]
         notes.append("the generation prompt closes the reasoning block; probed turns carry no reasoning")
-    matches = _simulate_ledger(renderer, conv, notes)
+    matches = _simulate_ledger(renderer, conv, _ASSISTANTS, notes)
+    no_query = _NO_QUERY
+    if _emitted_text(renderer, no_query, _NO_QUERY_GENERATED[0]) is None:
+        no_query = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in no_query]
+    if _emitted_text(renderer, no_query, _NO_QUERY_GENERATED[0]) is None:
+        # Qwen3 with thinking off: without a user query its render of a finished turn has no
+        # empty think block, so no sampled turn can equal it; there is nothing to compare.
+        notes.append("without a real user query the template renders finished turns unlike its prompt")
+    elif not _simulate_ledger(renderer, no_query, _NO_QUERY_GENERATED, notes):
+        notes.append("the conversation without a real user query is not rendered incrementally as in full")
+        matches = False
     return ProbeReport(
         append_only=append_only,
         strips_history_reasoning=strips,
         groups_consecutive_tools=groups,
         increment_matches_full_render=matches,
-        turns=len(_ASSISTANTS),
+        turns=len(_ASSISTANTS) + len(_NO_QUERY_GENERATED),
         elapsed_s=time.perf_counter() - started,
         notes=notes,
     )
 
 
-def _simulate_ledger(renderer: ChatRenderer, conv: list[dict[str, Any]], notes: list[str]) -> bool:
-    """Build the ledger over `conv` turn by turn and compare it with the template's full renders."""
+def _simulate_ledger(
+    renderer: ChatRenderer, conv: list[dict[str, Any]], generated: list[int], notes: list[str]
+) -> bool:
+    """Build the ledger over `conv` turn by turn (the turns at `generated` sampled, every other
+    message supplied by the agent) and compare it with the template's full renders."""
     tools, eot, encode = _TOOLS, renderer.end_of_turn_text, renderer.tokenize
 
     ok = True
-    ids = renderer.render_prompt(conv[: _ASSISTANTS[0]], tools)
-    ledger_text = renderer.render_text(conv[: _ASSISTANTS[0]], tools, add_generation_prompt=True)
+    ids = renderer.render_prompt(conv[: generated[0]], tools)
+    ledger_text = renderer.render_text(conv[: generated[0]], tools, add_generation_prompt=True)
     prev, emitted = None, ""
-    for turn, a in enumerate(_ASSISTANTS):
+    for turn, a in enumerate(generated):
         if prev is not None:
             new = conv[prev + 1 : a]
-            increment = renderer.render_continuation(new, tools, previous_ended_with_eos=True)
+            users = [m for m in conv[: prev + 1] if m["role"] == "user"]
+            anchor = users[-1] if users else None
+            increment = renderer.render_continuation(
+                new, tools, previous_ended_with_eos=True, anchor_user=anchor
+            )
             full = renderer.render_text(conv[:a], tools, add_generation_prompt=True)
             marker = conv[prev]["content"]
             end = full.find(eot, full.rfind(marker))
@@ -191,7 +231,9 @@ def _simulate_ledger(renderer: ChatRenderer, conv: list[dict[str, Any]], notes: 
                 ok = False
             if turn == 1:
                 # The same turn cut by length: no stop token sampled, the increment closes the turn.
-                cut = renderer.render_continuation(new, tools, previous_ended_with_eos=False)
+                cut = renderer.render_continuation(
+                    new, tools, previous_ended_with_eos=False, anchor_user=anchor
+                )
                 if encode(emitted[: -len(eot)]) + cut != encode(emitted) + increment:
                     notes.append(f"turn {turn}: a turn cut by length is not closed as the template closes it")
                     ok = False

@@ -16,12 +16,54 @@ def test_qwen3_findings() -> None:
     assert report.strips_history_reasoning
     assert report.groups_consecutive_tools
     assert report.increment_matches_full_render, report.notes
-    assert report.turns == 4
+    assert report.turns == 6
     summary = report.summary().splitlines()
     assert "history <think> stripped by the template; the ledger keeps the sampled tokens" in summary
     assert any(line.startswith("consecutive tool messages grouped") for line in summary)
-    assert "incremental rendering matches the template's full render on all 4 probe turns" in summary
+    assert "incremental rendering matches the template's full render on all 6 probe turns" in summary
     assert any("enable_thinking=False" in n and "<think>\\n\\n</think>" in n for n in report.notes)
+
+
+def test_an_anchor_that_counts_as_a_user_query_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a real user query, Qwen3 keeps no reasoning; an increment rendered after a user
+    anchor would keep an agent-supplied assistant's <think> block. The probe must see that."""
+    renderer = ChatRenderer(qwen3_tokenizer())
+    plain = ChatRenderer.render_continuation
+
+    def fixed_anchor(self, new, tools, *, previous_ended_with_eos, anchor_user=None, **kw):
+        return plain(
+            self,
+            new,
+            tools,
+            previous_ended_with_eos=previous_ended_with_eos,
+            anchor_user={"role": "user", "content": "x"},
+            **kw,
+        )
+
+    monkeypatch.setattr(ChatRenderer, "render_continuation", fixed_anchor)
+    report = probe_template(renderer)
+    assert not report.increment_matches_full_render
+    assert any("without a real user query" in n for n in report.notes)
+
+
+def test_increments_match_the_full_render_without_a_user_query() -> None:
+    renderer = ChatRenderer(qwen3_tokenizer())
+    tools = None
+    sys = {"role": "system", "content": "Do the task."}
+    gen = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    }
+    new = [
+        {"role": "tool", "tool_call_id": "c1", "content": "r1"},
+        {"role": "assistant", "reasoning_content": "secret plan", "content": "note"},
+        {"role": "tool", "tool_call_id": "c1", "content": "r2"},
+    ]
+    full = renderer.render_text([sys, gen, *new], tools, add_generation_prompt=True)
+    inc = renderer.render_continuation(new, tools, previous_ended_with_eos=True, anchor_user=None)
+    assert "secret plan" not in full
+    assert full.endswith(renderer.tokenizer.decode(inc))
 
 
 def test_tiny_qwen3_fixture_findings(tiny_qwen3) -> None:

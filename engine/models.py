@@ -22,15 +22,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlgw.engine.errors import ModelResolutionError
+
 log = logging.getLogger(__name__)
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_ALIASES = ("smollm2", "smollm2-135m-instruct", SMOLLM2_NAME.lower())
-
-
-class ModelResolutionError(RuntimeError):
-    """A `--model` spec names nothing loadable (missing directory, missing package, failed conversion)."""
+# The GGUF's template renders no tools, so a request's tools would silently vanish: the converted
+# directory gets SmolLM2-Instruct's documented function-calling template instead (same text without
+# tools). Caches converted before it existed are updated on the next resolution.
+SMOLLM2_TEMPLATE = Path(__file__).with_name("smollm2_chat_template.jinja")
 
 
 def cache_dir() -> Path:
@@ -77,9 +79,33 @@ def smollm2_gguf() -> Path:
 def _smollm2_dir() -> Path:
     target = cache_dir() / SMOLLM2_NAME
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        install_chat_template(target, SMOLLM2_TEMPLATE.read_text())
         return target
-    convert_gguf(smollm2_gguf(), target)
+    convert_gguf(smollm2_gguf(), target, chat_template=SMOLLM2_TEMPLATE.read_text())
     return target
+
+
+def install_chat_template(model_dir: Path, template: str) -> bool:
+    """Make `template` the chat template of the tokenizer in `model_dir`; False if it already was.
+
+    Rewrites the tokenizer files through a temporary directory and renames each into place, so a
+    reader never sees a half-written file.
+    """
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if tok.chat_template == template:
+        return False
+    tok.chat_template = template
+    tmp = Path(tempfile.mkdtemp(prefix=".template.", dir=model_dir))
+    try:
+        tok.save_pretrained(tmp)
+        for f in tmp.iterdir():
+            os.replace(f, model_dir / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("chat template installed", extra={"fields": {"model_dir": str(model_dir)}})
+    return True
 
 
 @contextlib.contextmanager
@@ -103,8 +129,10 @@ def _heartbeat(stage: str, every: float = 5.0) -> Iterator[None]:
         print(f"[rlgw] {stage}: done in {time.monotonic() - start:.1f}s", flush=True)
 
 
-def convert_gguf(gguf: Path, target: Path) -> None:
+def convert_gguf(gguf: Path, target: Path, *, chat_template: str | None = None) -> None:
     """De-quantize `gguf` with transformers and write it to `target` as safetensors + tokenizer.
+
+    `chat_template` replaces the GGUF's own template in the written tokenizer when given.
 
     Writes into a temporary sibling directory and renames it into place, so an interrupted
     conversion never leaves a half-written model behind.
@@ -119,6 +147,8 @@ def convert_gguf(gguf: Path, target: Path) -> None:
     try:
         with _heartbeat("step 1/3: loading tokenizer from GGUF"):
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            if chat_template is not None:
+                tok.chat_template = chat_template
         with _heartbeat("step 2/3: de-quantizing weights to fp32"):
             model = AutoModelForCausalLM.from_pretrained(
                 str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32

@@ -60,9 +60,16 @@ class SessionFinish(BaseModel):
 
 @router.post("/v1/sessions")
 async def create_session(
-    request: Request, body: SessionCreate, tenant: str = Depends(require_tenant)
+    request: Request, body: SessionCreate | None = None, tenant: str = Depends(require_tenant)
 ) -> Response:
     """Open a session; answers its id, base URL for the agent, and API key."""
+    if body is None:
+        # FastAPI's own answer to a missing body names no field; name the one that is required.
+        raise InvalidRequest(
+            "the request has no JSON body; 'task_id' is required",
+            param="task_id",
+            code="missing_required_parameter",
+        )
     unknown = set(body.sampling) - SAMPLING_KEYS
     if unknown:
         raise InvalidRequest(f"unknown sampling keys {sorted(unknown)}; allowed: {sorted(SAMPLING_KEYS)}")

@@ -8,6 +8,10 @@ killed on timeout and on stop. With `bwrap` installed (and `isolation="auto"` or
 sandbox directory and their own PID namespace; the network stays shared because the agent
 must reach the gateway on loopback.
 
+Every command carries `RLGW_SANDBOX=<id>` in its environment, and `stop()` kills every
+process that still carries it: agents start daemons that leave their process group and
+session (tmux servers, jupyter kernels), and those must not outlive the sandbox.
+
 This module knows nothing about agents or tasks.
 """
 
@@ -43,6 +47,8 @@ Isolation = Literal["auto", "none", "bubblewrap"]
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 # Grace between SIGTERM and SIGKILL for a command past its limit.
 KILL_GRACE_S = 2.0
+# The environment variable that marks every process a sandbox started (inherited by daemons).
+MARKER = "RLGW_SANDBOX"
 
 
 class LocalSandbox:
@@ -132,7 +138,8 @@ class LocalSandbox:
         """Run `command` with bash in its own process group; kill the group past `timeout`."""
         root = self.root
         cwd = resolve(self.workdir, cwd) if cwd else self.workdir
-        full_env = {**os.environ, "HOME": str(root / "home"), "TMPDIR": str(root / "tmp"), **(env or {})}
+        full_env = {**os.environ, "HOME": str(root / "home"), "TMPDIR": str(root / "tmp"), **(env or {}),
+                    MARKER: self._id}  # fmt: skip
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -236,10 +243,11 @@ class LocalSandbox:
             raise SandboxCommandError(f"cannot download {self._id}:{remote}: {e}") from e
 
     async def stop(self) -> None:
-        """Kill whatever still runs and delete the directory (unless `keep`)."""
+        """Kill whatever still runs (also daemons that left the process group) and delete the directory."""
         for proc in list(self._procs):
             await _kill_group(proc)
         self._procs.clear()
+        await asyncio.to_thread(kill_marked, self._id)
         if self._root is not None and not self._keep:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None
@@ -270,3 +278,45 @@ async def _kill_group(proc: asyncio.subprocess.Process) -> None:
             return
         except TimeoutError:
             continue
+
+
+def marked_pids(sandbox_id: str) -> list[int]:
+    """Processes whose environment carries `RLGW_SANDBOX=<sandbox_id>` (read from /proc)."""
+    needle = f"{MARKER}={sandbox_id}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def kill_marked(sandbox_id: str) -> list[int]:
+    """SIGTERM, then SIGKILL, every process marked with `sandbox_id`; the pids found first."""
+    pids = marked_pids(sandbox_id)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + KILL_GRACE_S
+        while sig == signal.SIGTERM and time.monotonic() < deadline and running(pids):
+            time.sleep(0.05)
+    return pids
+
+
+def running(pids: list[int]) -> list[int]:
+    """Those of `pids` still running (a zombie is dead, only not yet reaped by whoever inherited it)."""
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.append(pid)
+        except OSError:
+            continue
+    return alive

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlgw.sandboxes.base import Sandbox, SandboxCommandError, SandboxFileNotFound
-from rlgw.sandboxes.local import LocalSandbox
+from rlgw.sandboxes.local import LocalSandbox, marked_pids, running
 
 
 @pytest.fixture
@@ -76,3 +76,15 @@ async def test_stop_removes_everything_and_is_idempotent(tmp_path: Path) -> None
     assert not root.exists()
     res = await asyncio.wait_for(task, 5)
     assert res.exit_code != 0
+
+
+async def test_stop_kills_daemons_that_left_the_process_group(tmp_path: Path) -> None:
+    sb = LocalSandbox(base_dir=tmp_path)
+    await sb.start()
+    # As a tmux server or a jupyter kernel does: a new session, detached, outliving the command.
+    res = await sb.exec("setsid nohup sleep 300 >/dev/null 2>&1 < /dev/null & echo $!")
+    pid = int(res.output.strip())
+    assert res.ok and pid in marked_pids(sb.id)
+    await sb.stop()
+    assert marked_pids(sb.id) == []
+    assert running([pid]) == []

@@ -46,11 +46,12 @@ class KeyTable:
 
 
 def bearer_key(request: Request) -> str | None:
-    """The bearer token of the request (`Authorization: Bearer X` or `api-key: X`), if any."""
+    """The bearer token of the request (`Authorization: Bearer X`, `api-key: X`, or Anthropic's
+    `x-api-key: X`), if any."""
     auth = request.headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip() or None
-    return request.headers.get("api-key") or None
+    return request.headers.get("api-key") or request.headers.get("x-api-key") or None
 
 
 def require_tenant(request: Request) -> str:

@@ -1,0 +1,162 @@
+"""The Messages surface driven by the real `anthropic` SDK through a capture session.
+
+`rlgw serve` in front of the recording proxy and the embedded engine on tiny-qwen3 (the
+harness of `test_e2e`): each tool loop is recorded as one sample and checked token for token
+(mask-1 = the engine's ids, mask-0 = the template's full-render increments, logprobs = the
+engine's teacher-forced logprobs). Errors answer in Anthropic's format.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from tests.gateway.surface_e2e import chat_reply, result_text
+from tests.gateway.test_e2e import Run, Stack, check_sample, echo, finish, open_session, stack, stored
+from tests.support import fixture_prompts as fp
+
+pytestmark = pytest.mark.slow
+
+TOOLS = [
+    {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
+    for f in (t["function"] for t in fp.TOOLS)
+]
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with stack(tiny_qwen3, tmp_path_factory.mktemp("store-messages")) as s:
+        yield s
+
+
+def as_chat(reply: Any) -> Any:
+    """An Anthropic reply as `check_sample` reads replies."""
+    text = "".join(b.text for b in reply.content if b.type == "text")
+    thinking = "".join(b.thinking for b in reply.content if b.type == "thinking")
+    calls = [(b.id, b.name, json.dumps(b.input)) for b in reply.content if b.type == "tool_use"]
+    return chat_reply(text, thinking, calls)
+
+
+def tool_loop(
+    client: anthropic.Anthropic, *, stream: bool, thinking: bool, followups: list[str], events: list[str]
+) -> tuple[Run, list[Any]]:
+    """The SDK's documented tool loop; the same conversation is kept in chat messages beside it."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": fp.WEATHER[0]["content"]}]
+    chat: list[dict[str, Any]] = list(fp.WEATHER)
+    run, replies = Run(), []
+    switch = {"type": "enabled", "budget_tokens": 512} if thinking else {"type": "disabled"}
+    for _ in range(8):
+        run.requests.append(list(chat))
+        kwargs: dict[str, Any] = {"model": "m", "max_tokens": 256, "messages": messages, "tools": TOOLS}
+        # Greedy: recent SDKs dropped `temperature` from the signature; the API still takes it.
+        kwargs |= {"extra_body": {"temperature": 0.0}, "thinking": switch, "metadata": {"user_id": "u-1"}}
+        if stream:
+            with client.messages.stream(**kwargs) as s:
+                events += [e.type for e in s]
+                reply = s.get_final_message()
+        else:
+            reply = client.messages.create(**kwargs)
+        replies.append(reply)
+        run.replies.append(as_chat(reply))
+        messages.append({"role": "assistant", "content": reply.content})
+        chat.append(echo(run.replies[-1], reserialize=False, drop_reasoning=False))
+        uses = [b for b in reply.content if b.type == "tool_use"]
+        if uses:
+            results = [(b.id, result_text(b.name, b.input)) for b in uses]
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": i, "content": r} for i, r in results],
+                }
+            )
+            chat += [{"role": "tool", "tool_call_id": i, "content": r} for i, r in results]
+        elif followups:
+            messages.append({"role": "user", "content": followups[0]})
+            chat.append({"role": "user", "content": followups.pop(0)})
+        else:
+            break
+    return run, replies
+
+
+def recorded(st: Stack, sid: str, run: Run, kw: dict[str, Any]) -> dict[str, Any]:
+    summary = finish(st, sid)
+    assert summary["segments"] == 1 and summary["rejects"] == []
+    doc = stored(st, summary["samples"][0]["cursor"])
+    check_sample(st, doc, run, fp.TOOLS, kw)
+    return doc
+
+
+def test_messages_create_tool_loop_is_one_token_exact_sample(qwen3: Stack) -> None:
+    s = open_session(qwen3, task_id="messages-create")
+    # The key route: the SDK sends the session key as x-api-key to {gateway}/v1/messages.
+    client = anthropic.Anthropic(base_url=qwen3.gateway, api_key=s["api_key"], max_retries=0)
+    run, replies = tool_loop(
+        client, stream=False, thinking=False, followups=["What is the weather in Berlin?"], events=[]
+    )
+    assert [r.stop_reason for r in replies] == ["tool_use", "end_turn", "tool_use", "end_turn"]
+    ids = [b.id for r in replies for b in r.content if b.type == "tool_use"]
+    assert len(ids) == 2 and all(i.startswith("call_") for i in ids)  # the ids the gateway minted
+    assert replies[0].usage.input_tokens > 0 and replies[0].usage.output_tokens > 0
+    recorded(qwen3, s["session_id"], run, {"enable_thinking": False})
+
+
+def test_messages_stream_tool_loop_with_thinking_is_one_token_exact_sample(qwen3: Stack) -> None:
+    s = open_session(qwen3, task_id="messages-stream")
+    client = anthropic.Anthropic(base_url=s["base_url"].removesuffix("/v1"), api_key="unused", max_retries=0)
+    events: list[str] = []
+    run, replies = tool_loop(
+        client, stream=True, thinking=True, followups=["What is the weather in Berlin?"], events=events
+    )
+    assert len(replies) >= 3
+    assert any(b.type == "thinking" and b.thinking for r in replies for b in r.content), (
+        "the fixture reasons first"
+    )
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert {"content_block_start", "content_block_delta", "content_block_stop", "message_delta"} <= set(
+        events
+    )
+    assert replies[-1].usage.input_tokens > 0
+    # The echoed thinking blocks (and tool_use inputs re-serialized by the SDK) cause no fork.
+    recorded(qwen3, s["session_id"], run, {"enable_thinking": True})
+
+
+def test_count_tokens_is_the_rendered_prompt_length(qwen3: Stack) -> None:
+    s = open_session(qwen3, task_id="count")
+    client = anthropic.Anthropic(base_url=qwen3.gateway, api_key=s["api_key"], max_retries=0)
+    messages = [{"role": "user", "content": fp.WEATHER[0]["content"]}]
+    got = client.messages.count_tokens(
+        model="m", messages=messages, tools=TOOLS, thinking={"type": "disabled"}
+    )
+    prompt = qwen3.tokenizer.apply_chat_template(
+        fp.WEATHER, tools=fp.TOOLS, add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
+    assert got.input_tokens == len(qwen3.tokenizer.encode(prompt, add_special_tokens=False))
+
+
+def test_errors_answer_in_anthropics_format(qwen3: Stack) -> None:
+    s = open_session(qwen3, task_id="errors")
+    client = anthropic.Anthropic(base_url=qwen3.gateway, api_key=s["api_key"], max_retries=0)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": [image]}])
+    assert bad.value.body["type"] == "error" and bad.value.body["error"]["type"] == "invalid_request_error"
+    assert "'image' blocks" in bad.value.body["error"]["message"]
+    r = httpx.post(
+        qwen3.gateway + "/v1/messages",
+        headers={"x-api-key": s["api_key"]},
+        json={"messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert (
+        r.status_code == 400 and r.json()["type"] == "error" and "max_tokens" in r.json()["error"]["message"]
+    )
+    stranger = anthropic.Anthropic(base_url=qwen3.gateway, api_key="sk-nobody", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as auth:
+        stranger.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert auth.value.body["error"]["type"] == "authentication_error"
+    finish(qwen3, s["session_id"])

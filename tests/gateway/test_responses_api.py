@@ -1,0 +1,195 @@
+"""The Responses surface driven by the real `openai` SDK and the OpenAI Agents SDK.
+
+`rlgw serve` in front of the recording proxy and the embedded engine on tiny-qwen3 (the
+harness of `test_e2e`): each tool loop is recorded as one sample and checked token for token
+(mask-1 = the engine's ids, mask-0 = the template's full-render increments, logprobs = the
+engine's teacher-forced logprobs). `previous_response_id` continues the same ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from rlgw.gateway.responses_translate import chat_messages
+from tests.gateway.surface_e2e import chat_reply, result_text
+from tests.gateway.test_e2e import Run, Stack, check_sample, echo, finish, open_session, stack, stored
+from tests.support import fixture_prompts as fp
+
+pytestmark = pytest.mark.slow
+
+TOOLS = [{"type": "function", **t["function"]} for t in fp.TOOLS]
+BERLIN = "What is the weather in Berlin?"
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with stack(tiny_qwen3, tmp_path_factory.mktemp("store-responses")) as s:
+        yield s
+
+
+def as_chat(response: Any) -> Any:
+    """A Response's output as `check_sample` reads replies."""
+    text = "".join(c.text for i in response.output if i.type == "message" for c in i.content)
+    reasoning = "".join(c.text for i in response.output if i.type == "reasoning" for c in i.content or [])
+    calls = [(i.call_id, i.name, i.arguments) for i in response.output if i.type == "function_call"]
+    return chat_reply(text, reasoning, calls)
+
+
+def tool_loop(
+    client: openai.OpenAI, *, stream: bool, chained: bool, kw: dict[str, Any]
+) -> tuple[Run, list[Any]]:
+    """Call tools, answer with their outputs, ask one follow-up; chained: send only new items."""
+    items: list[Any] = [{"role": "user", "content": fp.WEATHER[0]["content"]}]
+    chat: list[dict[str, Any]] = list(fp.WEATHER)
+    followups = [BERLIN]
+    run, responses = Run(), []
+    previous: str | None = None
+    for _ in range(8):
+        run.requests.append(list(chat))
+        kwargs: dict[str, Any] = {"model": "m", "input": items, "tools": TOOLS, "temperature": 0.0}
+        kwargs |= {"max_output_tokens": 256, "extra_body": {"chat_template_kwargs": kw}}
+        if previous:
+            kwargs["previous_response_id"] = previous
+        if stream:
+            with client.responses.stream(**kwargs) as s:
+                kinds = [e.type for e in s]
+                response = s.get_final_response()
+            assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        else:
+            response = client.responses.create(**kwargs)
+        responses.append(response)
+        run.replies.append(as_chat(response))
+        chat.append(echo(run.replies[-1], reserialize=False, drop_reasoning=False))
+        calls = [i for i in response.output if i.type == "function_call"]
+        new: list[Any] = []
+        if calls:
+            outputs = [(c.call_id, result_text(c.name, json.loads(c.arguments))) for c in calls]
+            new = [{"type": "function_call_output", "call_id": i, "output": o} for i, o in outputs]
+            chat += [{"role": "tool", "tool_call_id": i, "content": o} for i, o in outputs]
+        elif followups:
+            new = [{"role": "user", "content": followups[0]}]
+            chat.append({"role": "user", "content": followups.pop(0)})
+        else:
+            break
+        if chained:
+            items, previous = new, response.id
+        else:
+            items = [*items, *response.output, *new]
+    return run, responses
+
+
+def recorded(st: Stack, sid: str, run: Run, kw: dict[str, Any]) -> dict[str, Any]:
+    summary = finish(st, sid)
+    assert summary["segments"] == 1 and summary["rejects"] == []
+    doc = stored(st, summary["samples"][0]["cursor"])
+    check_sample(st, doc, run, fp.TOOLS, kw)
+    return doc
+
+
+def test_responses_create_tool_loop_is_one_token_exact_sample(qwen3: Stack) -> None:
+    s = open_session(qwen3, task_id="responses-create")
+    client = openai.OpenAI(base_url=qwen3.gateway + "/v1", api_key=s["api_key"], max_retries=0)
+    kw = {"enable_thinking": False}
+    run, responses = tool_loop(client, stream=False, chained=False, kw=kw)
+    assert len(responses) == 4 and all(r.status == "completed" for r in responses)
+    calls = [i for r in responses for i in r.output if i.type == "function_call"]
+    assert len(calls) == 2 and all(c.call_id.startswith("call_") for c in calls)
+    assert calls[1].name == "get_weather" and responses[-1].output_text
+    assert responses[0].usage.input_tokens > 0
+    recorded(qwen3, s["session_id"], run, kw)
+
+
+def test_responses_stream_chained_by_previous_response_id_is_one_token_exact_sample(qwen3: Stack) -> None:
+    s = open_session(qwen3, task_id="responses-stream")
+    client = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+    run, responses = tool_loop(client, stream=True, chained=True, kw={})
+    assert len(responses) == 4
+    assert any(i.type == "reasoning" for r in responses for i in r.output), (
+        "thinking is on: the fixture reasons"
+    )
+    assert responses[1].previous_response_id == responses[0].id
+    recorded(qwen3, s["session_id"], run, {})
+
+
+def test_unknown_previous_response_id_is_a_400(qwen3: Stack) -> None:
+    s = open_session(qwen3, task_id="responses-missing")
+    client = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.responses.create(model="m", input="hi", previous_response_id="resp_nope")
+    assert bad.value.code == "previous_response_not_found" and bad.value.param == "previous_response_id"
+    r = httpx.post(s["base_url"] + "/responses", json={"input": [{"type": "item_reference", "id": "x"}]})
+    assert r.status_code == 400 and "item_reference" in r.json()["error"]["message"]
+    finish(qwen3, s["session_id"])
+
+
+def test_agents_sdk_default_model_runs_a_recorded_tool_loop(qwen3: Stack) -> None:
+    agents = pytest.importorskip("agents")
+    s = open_session(qwen3, task_id="agents")
+    bodies: list[dict[str, Any]] = []
+
+    async def keep(request: httpx.Request) -> None:
+        if request.url.path.endswith("/responses"):
+            bodies.append(json.loads(request.content))
+
+    async def tool(ctx: Any, arguments: str) -> str:
+        return result_text("get_weather", json.loads(arguments))
+
+    weather = agents.FunctionTool(
+        name="get_weather",
+        description=fp.GET_WEATHER["function"]["description"],
+        params_json_schema=fp.GET_WEATHER["function"]["parameters"],
+        on_invoke_tool=tool,
+        strict_json_schema=False,
+    )
+    lister = agents.FunctionTool(
+        name="list_files",
+        description=fp.LIST_FILES["function"]["description"],
+        params_json_schema=fp.LIST_FILES["function"]["parameters"],
+        on_invoke_tool=tool,
+        strict_json_schema=False,
+    )
+
+    async def main() -> Any:
+        http = httpx.AsyncClient(event_hooks={"request": [keep]})
+        client = openai.AsyncOpenAI(
+            base_url=s["base_url"], api_key=s["api_key"], http_client=http, max_retries=0
+        )
+        # The Agents SDK's default model is the Responses one: no model_provider override.
+        agents.set_default_openai_client(client, use_for_tracing=False)
+        agents.set_tracing_disabled(True)
+        settings = agents.ModelSettings(
+            temperature=0.0, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
+        )
+        agent = agents.Agent(name="weather", tools=[weather, lister], model="m", model_settings=settings)
+        first = await agents.Runner.run(agent, fp.WEATHER[0]["content"])
+        follow = [*first.to_input_list(), {"role": "user", "content": BERLIN}]
+        streamed = agents.Runner.run_streamed(agent, follow)
+        async for _ in streamed.stream_events():
+            pass
+        await http.aclose()
+        return first, streamed
+
+    first, second = asyncio.run(main())
+    assert first.final_output and second.final_output
+    assert len(bodies) == 4 and [b.get("stream", False) for b in bodies] == [False, False, True, True]
+    # The conversation the Agents SDK sent each turn, as chat messages (the module under test's
+    # translation; its unit tests pin it), and what came back, from the next request's echo.
+    run = Run(requests=[chat_messages(b.get("instructions"), b["input"]) for b in bodies])
+    for k in range(len(bodies)):
+        if k + 1 < len(bodies):
+            turn = run.requests[k + 1][len(run.requests[k])]
+        else:
+            turn = {"role": "assistant", "content": second.final_output}
+        calls = [
+            (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in turn.get("tool_calls") or []
+        ]
+        run.replies.append(chat_reply(turn["content"], turn.get("reasoning_content"), calls))
+    recorded(qwen3, s["session_id"], run, {"enable_thinking": False})

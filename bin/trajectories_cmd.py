@@ -63,7 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ex = actions.add_parser(
         "export", parents=[common], help="write samples as JSONL or Parquet (slime field names)"
     )
-    ex.add_argument("--format", choices=("jsonl", "parquet"), required=True)
+    ex.add_argument(
+        "--format", choices=("jsonl", "parquet"), required=True, help="JSON lines, or Parquet (needs pyarrow)"
+    )
     ex.add_argument("--out", default="-", help="output file (default: '-', stdout; parquet needs a file)")
     ex.add_argument("--after", type=int, default=0, help="only samples with a cursor above this")
 

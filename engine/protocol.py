@@ -14,22 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlgw.engine.core import Request, Update, new_rid
-from rlgw.engine.sampling import SamplingParams, SamplingParamsError, UnknownFieldError, parse_sampling_params
-
-
-class ProtocolError(ValueError):
-    """A `/generate` body SGLang would refuse with 400; `body` is the exact JSON error to send."""
-
-    def __init__(self, body: dict[str, Any]) -> None:
-        err = body["error"]
-        super().__init__(err if isinstance(err, str) else err.get("message", ""))
-        self.body = body
-
-
-def bad_request(message: str) -> ProtocolError:
-    """A semantic 400 in SGLang's shape: `{"error": {"message": ...}}`."""
-    return ProtocolError({"error": {"message": message}})
+from rlgw.engine.errors import RequestError
+from rlgw.engine.request import Request, Update, new_rid
+from rlgw.engine.sampling import SamplingParams, parse_sampling_params
 
 
 @dataclass(slots=True)
@@ -58,7 +45,7 @@ class GenerateCall:
 def _per_item(value: Any, i: int, count: int, name: str, batch: bool) -> Any:
     if batch and isinstance(value, list):
         if len(value) != count:
-            raise bad_request(f"{name} has {len(value)} entries for a batch of {count} inputs")
+            raise RequestError(f"{name} has {len(value)} entries for a batch of {count} inputs")
         return value[i]
     return value
 
@@ -67,26 +54,26 @@ def _int(value: Any, name: str, default: int) -> int:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"{name} must be an integer, got {value!r}")
+        raise RequestError(f"{name} must be an integer, got {value!r}")
     return value
 
 
 def parse_generate(body: Any, encode) -> GenerateCall:
     """Normalize a `/generate` body; `encode(text) -> ids` tokenizes text inputs.
 
-    Raises `ProtocolError` with SGLang's body: a plain-string `error` for an unknown
-    `sampling_params` key, `{"error": {"message"}}` for anything else.
+    Raises `RequestError` (its `body` is SGLang's: a plain-string `error` for an unknown
+    `sampling_params` key, `{"error": {"message"}}` for anything else).
     """
     if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+        raise RequestError("the request body must be a JSON object")
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None):
-        raise bad_request("Either text or input_ids should be provided (exactly one of them).")
+        raise RequestError("Either text or input_ids should be provided (exactly one of them).")
     if text is not None:
         batch = isinstance(text, list)
         texts = text if batch else [text]
         if not texts or not all(isinstance(t, str) for t in texts):
-            raise bad_request("text must be a string or a non-empty list of strings")
+            raise RequestError("text must be a string or a non-empty list of strings")
         prompts = [encode(t) for t in texts]
     else:
         batch = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
@@ -95,28 +82,23 @@ def parse_generate(body: Any, encode) -> GenerateCall:
             if not isinstance(ids, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) for t in ids
             ):
-                raise bad_request("input_ids must be a list of integers or a list of such lists")
+                raise RequestError("input_ids must be a list of integers or a list of such lists")
     count = len(prompts)
 
     raw_params = body.get("sampling_params")
     if batch and isinstance(raw_params, list):
         if len(raw_params) != count:
-            raise bad_request(f"sampling_params has {len(raw_params)} entries for a batch of {count} inputs")
+            raise RequestError(f"sampling_params has {len(raw_params)} entries for a batch of {count} inputs")
         params_list = raw_params
     else:
         params_list = [raw_params] * count
-    try:
-        parsed = [parse_sampling_params(p) for p in params_list]
-    except UnknownFieldError as exc:
-        raise ProtocolError({"error": str(exc)}) from exc
-    except SamplingParamsError as exc:
-        raise bad_request(str(exc)) from exc
+    parsed = [parse_sampling_params(p) for p in params_list]
 
     rid = body.get("rid")
     if rid is not None and not isinstance(rid, (str, list)):
-        raise bad_request("rid must be a string or a list of strings")
+        raise RequestError("rid must be a string or a list of strings")
     if isinstance(rid, list) and len(rid) != count:
-        raise bad_request(f"rid has {len(rid)} entries for a batch of {count} inputs")
+        raise RequestError(f"rid has {len(rid)} entries for a batch of {count} inputs")
     stream = bool(body.get("stream", False))
     listed = batch or any(p.n > 1 for p in parsed)
 
@@ -136,7 +118,7 @@ def parse_generate(body: Any, encode) -> GenerateCall:
             0,
         )
         if top_n < 0:
-            raise bad_request(f"top_logprobs_num must be non-negative, got {top_n}")
+            raise RequestError(f"top_logprobs_num must be non-negative, got {top_n}")
         with_text = bool(
             _per_item(body.get("return_text_in_logprobs"), i, count, "return_text_in_logprobs", batch)
         )

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlgw.engine.errors import SamplingParamsError, UnknownFieldError
+
 GREEDY_EPS = 1e-6
 
 # Every key SGLang's `SamplingParams` accepts (0.5.2x), in its order: the unknown-key message lists them.
@@ -54,14 +56,6 @@ KNOWN_KEYS: tuple[str, ...] = (
 )
 # Accepted for compatibility but not implemented here: a non-null value is refused loudly.
 UNSUPPORTED_KEYS = ("stop_regex", "json_schema", "regex", "ebnf", "structural_tag", "custom_params")
-
-
-class SamplingParamsError(ValueError):
-    """A `sampling_params` dict that SGLang would refuse (400)."""
-
-
-class UnknownFieldError(SamplingParamsError):
-    """An unknown key in `sampling_params` (SGLang answers with a plain-string `error`)."""
 
 
 @dataclass(slots=True)

@@ -27,6 +27,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from rlgw.engine.errors import RequestError
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.broadcast import FLATTENED, WeightUpdateGroup, receive_bucket
 from rlgw.sync.colocated import CUDA_IPC, SHM, decode_manifest, open_manifest
@@ -72,17 +73,13 @@ async def _parse(request: Request, model: type[_Body]) -> _Body:
     try:
         return model.model_validate(orjson.loads(raw) if raw.strip() else {})
     except (orjson.JSONDecodeError, ValidationError) as exc:
-        raise _BadRequest(f"invalid request body: {exc}") from exc
-
-
-class _BadRequest(Exception):
-    """A request body that does not parse; answered with 400 and the reason."""
+        raise RequestError(f"invalid request body: {exc}") from exc
 
 
 def _version_of(value: int | str) -> int:
     text = str(value).removeprefix("weight_v")
     if not text.isdigit():
-        raise _BadRequest(f"target_version must be a version number, got {value!r}")
+        raise RequestError(f"target_version must be a version number, got {value!r}")
     return int(text)
 
 
@@ -101,8 +98,8 @@ async def pull_weights(request: Request) -> Response:
         body = await _parse(request, PullBody)
         target = _version_of(body.target_version)
         if body.pause_mode not in ("abort", "retract", "in_place"):
-            raise _BadRequest(f"unknown pause_mode {body.pause_mode!r}")
-    except _BadRequest as exc:
+            raise RequestError(f"unknown pause_mode {body.pause_mode!r}")
+    except RequestError as exc:
         return _reply(False, str(exc))
     engine, st = request.app.state.engine, _state(request)
     async with st.lock:
@@ -168,7 +165,7 @@ async def init_weights_update_group(request: Request) -> Response:
     """Join a weight update group at `rank_offset` (blocks until every rank has joined)."""
     try:
         body = await _parse(request, InitGroupBody)
-    except _BadRequest as exc:
+    except RequestError as exc:
         return _reply(False, str(exc))
     st = _state(request)
     if body.group_name in st.groups:
@@ -206,7 +203,7 @@ async def update_weights_from_distributed(request: Request) -> Response:
     """Receive one announced bucket; apply all staged buckets atomically unless `rlgw_stage`."""
     try:
         body = await _parse(request, DistributedBody)
-    except _BadRequest as exc:
+    except RequestError as exc:
         return _reply(False, str(exc))
     st, engine = _state(request), request.app.state.engine
     group = st.groups.get(body.group_name)
@@ -241,7 +238,7 @@ async def destroy_weights_update_group(request: Request) -> Response:
     """Leave and release a weight update group (dropping anything staged in it)."""
     try:
         body = await _parse(request, DestroyGroupBody)
-    except _BadRequest as exc:
+    except RequestError as exc:
         return _reply(False, str(exc))
     st = _state(request)
     group = st.groups.pop(body.group_name, None)
@@ -265,13 +262,13 @@ async def update_weights_from_tensor(request: Request) -> Response:
     try:
         body = await _parse(request, TensorBody)
         if body.load_format not in (SHM, CUDA_IPC):
-            raise _BadRequest(
+            raise RequestError(
                 f"load_format {body.load_format!r} is not accepted: rlgw never unpickles tensors; "
                 f"use {SHM!r} or {CUDA_IPC!r} with a JSON manifest"
             )
         if len(body.serialized_named_tensors) != 1:
-            raise _BadRequest("expected exactly one manifest (this engine has one tensor-parallel rank)")
-    except _BadRequest as exc:
+            raise RequestError("expected exactly one manifest (this engine has one tensor-parallel rank)")
+    except RequestError as exc:
         return _reply(False, str(exc))
     engine = request.app.state.engine
     async with _state(request).lock:

@@ -1,15 +1,62 @@
-"""Fixtures for the engine tests: tiny random Qwen3 checkpoints built once per session, and a live engine."""
+"""Fixtures for the engine tests: tiny random Qwen3 checkpoints built once per session, a live engine,
+and `run_requests`, which drives an in-process engine core through its public API."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import itertools
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.procs import engine_server
+from tests.support.procs import FIXTURES, engine_server
+
+_rids = itertools.count()
+
+
+async def run_requests(engine, prompt: list[int], params: list[dict], **fields):
+    """Submit one request per `params` dict (same prompt and `Request` fields) to an in-process `Engine`;
+    returns the finished requests, in order."""
+    from rlgw.engine.request import Request
+    from rlgw.engine.sampling import parse_sampling_params
+
+    loop = asyncio.get_running_loop()
+    events = [asyncio.Event() for _ in params]
+
+    def sink_for(done: asyncio.Event):
+        def sink(update) -> None:
+            if update.finish_reason is not None:
+                loop.call_soon_threadsafe(done.set)
+
+        return sink
+
+    reqs = [
+        Request(
+            rid=f"t-{next(_rids)}",
+            input_ids=list(prompt),
+            params=parse_sampling_params(p),
+            sink=sink_for(done),
+            **fields,
+        )
+        for p, done in zip(params, events, strict=True)
+    ]
+    engine.submit(reqs)
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)
+    return reqs
+
+
+@pytest.fixture(scope="module")
+def padded_engine() -> Iterator:
+    """An in-process engine on the committed tiny-qwen3 fixture, whose model vocabulary (4096) is
+    padded above its tokenizer's (4026), as Qwen3 pads 151669 to 151936."""
+    from rlgw.engine.core import Engine, EngineConfig
+
+    engine = Engine(FIXTURES / "tiny-qwen3", EngineConfig(max_queue=64, max_running=8))
+    yield engine
+    engine.shutdown()
 
 
 def qwen3_tokenizer_dir() -> Path:

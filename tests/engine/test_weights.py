@@ -11,8 +11,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rlgw.engine.core import Engine, EngineConfig, Request, WeightUpdateError, read_safetensors_dir
+from rlgw.engine.core import Engine, EngineConfig
+from rlgw.engine.errors import WeightUpdateError
+from rlgw.engine.request import Request
 from rlgw.engine.sampling import parse_sampling_params
+from rlgw.engine.weights import read_safetensors_dir
+from tests.engine.conftest import run_requests
 
 PROMPT = [9707, 1052, 11, 1246, 525, 498, 30]
 GREEDY = {"max_new_tokens": 16, "temperature": 0}
@@ -28,23 +32,7 @@ def core_b(tiny_model_b: Path) -> Iterator[Engine]:
 
 async def run_core(engine: Engine, prompt: list[int]) -> Request:
     """One greedy generation through the core API; returns the finished request."""
-    loop = asyncio.get_running_loop()
-    done = asyncio.Event()
-
-    def sink(update) -> None:
-        if update.finish_reason is not None:
-            loop.call_soon_threadsafe(done.set)
-
-    req = Request(
-        rid=f"t-{id(done)}",
-        input_ids=prompt,
-        params=parse_sampling_params(GREEDY),
-        sink=sink,
-        return_logprob=True,
-    )
-    engine.submit([req])
-    await asyncio.wait_for(done.wait(), 30)
-    return req
+    return (await run_requests(engine, prompt, [GREEDY], return_logprob=True))[0]
 
 
 async def generate(client: httpx.AsyncClient) -> dict:

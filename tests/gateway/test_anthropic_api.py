@@ -15,6 +15,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 
 from tests.gateway.surface_e2e import chat_reply, result_text
@@ -160,3 +161,14 @@ def test_errors_answer_in_anthropics_format(qwen3: Stack) -> None:
         stranger.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
     assert auth.value.body["error"]["type"] == "authentication_error"
     finish(qwen3, s["session_id"])
+
+
+def test_switching_from_chat_to_messages_opens_a_mode_switch_segment(qwen3: Stack) -> None:
+    s = open_session(qwen3, task_id="mixed")
+    chat = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+    first = chat.chat.completions.create(model="m", messages=fp.PLAIN, temperature=0, max_tokens=32)
+    client = anthropic.Anthropic(base_url=qwen3.gateway, api_key=s["api_key"], max_retries=0)
+    history = [*fp.PLAIN, {"role": "assistant", "content": first.choices[0].message.content}, *fp.WEATHER]
+    client.messages.create(model="m", max_tokens=32, messages=history, extra_body={"temperature": 0})
+    summary = finish(qwen3, s["session_id"])
+    assert [c["cause"] for c in summary["segment_causes"]] == ["start", "mode_switch"]

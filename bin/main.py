@@ -12,7 +12,7 @@ import sys
 
 from rlgw import __version__
 
-SUBCOMMANDS = ("serve", "engine", "run", "trajectories", "sync")
+SUBCOMMANDS = ("serve", "engine", "run", "trajectories", "sync", "train", "tenants")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -90,7 +90,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=Path,
         help='JSON {"tenant": "key", ...}; also RLGW_TENANT_KEYS="tenant:key,...". None: open, one tenant',
     )
+    add_operations_args(p)
     p.set_defaults(func=run)
+
+
+def add_operations_args(p: argparse.ArgumentParser) -> None:
+    """Tenants, limits and shutdown: the admin key (a file or RLGW_ADMIN_KEY), per-tenant limits,
+    request caps and the drain bound."""
+    p.add_argument(
+        "--admin-key-file",
+        type=Path,
+        help="file holding the admin key that manages tenants (/admin/tenants, rlgw tenants); "
+        "also RLGW_ADMIN_KEY. Never pass a key on the command line",
+    )
+    p.add_argument("--max-open-sessions", type=int, help="open sessions per tenant (default: unlimited)")
+    p.add_argument("--max-in-flight", type=int, help="requests in flight per tenant (default: unlimited)")
+    p.add_argument("--max-tokens-per-minute", type=int, help="tokens generated per tenant (no limit)")
+    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, help="request body cap (413)")
+    p.add_argument("--max-messages", type=int, default=10_000, help="messages per request (400 over it)")
+    p.add_argument("--max-tools", type=int, default=512, help="tools per request (400 over it)")
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, seconds to let turns in flight finish before they are cancelled (default: 30)",
+    )
+
+
+def _admin_key(args: argparse.Namespace) -> str | None:
+    if args.admin_key_file:
+        return args.admin_key_file.read_text().strip() or None
+    return os.environ.get("RLGW_ADMIN_KEY") or None
 
 
 def _tenant_keys(args: argparse.Namespace) -> dict[str, str]:
@@ -172,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from rlgw.gateway.app import GatewayConfig, create_app
+    from rlgw.gateway.body_limits import RequestCaps
     from rlgw.gateway.ledger import Policy
+    from rlgw.gateway.limits import Limits
     from rlgw.gateway.store import default_data_dir
 
     tenant_keys = _tenant_keys(args)
@@ -192,6 +224,9 @@ def run(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             allow_template_mismatch=args.allow_template_mismatch,
             session_ttl=args.session_ttl,
+            admin_key=_admin_key(args),
+            default_limits=Limits(args.max_open_sessions, args.max_in_flight, args.max_tokens_per_minute),
+            request_caps=RequestCaps(args.max_body_bytes, args.max_messages, args.max_tools),
         )
         print(f"rlgw serve: gateway on http://{args.host}:{args.port} (engine {engine_url})", file=sys.stderr)
         uvicorn.run(
@@ -200,6 +235,6 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             log_config=None,
             access_log=False,
-            timeout_graceful_shutdown=10,
+            timeout_graceful_shutdown=args.drain_timeout,
         )
     return 0

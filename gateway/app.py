@@ -21,14 +21,27 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from rlgw.gateway import anthropic_api, completions, openai_api, responses_api, sessions_api, trajectories_api
+from rlgw.gateway import (
+    admin_api,
+    anthropic_api,
+    completions,
+    openai_api,
+    ops_api,
+    responses_api,
+    sessions_api,
+    trajectories_api,
+)
 from rlgw.gateway.backend import SGLangBackend
+from rlgw.gateway.body_limits import BodyLimitMiddleware, RequestCaps
 from rlgw.gateway.errors import StartupError, UpstreamError, install_error_handlers, json_response
 from rlgw.gateway.ledger import Policy
+from rlgw.gateway.limits import Limits, LimitsMiddleware, LimitTable, RateLimited, handle_rate_limited
+from rlgw.gateway.metrics import MeteredBackend, MetricsMiddleware
 from rlgw.gateway.profile import ModelProfile, build_profile
 from rlgw.gateway.sessions import SessionTable
 from rlgw.gateway.store import TrajectoryStore
 from rlgw.gateway.template_probe import probe_template
+from rlgw.gateway.tenant_store import TenantStore
 from rlgw.gateway.tenants import KeyTable
 
 log = logging.getLogger(__name__)
@@ -53,6 +66,9 @@ class GatewayConfig:
     session_ttl: float = 6 * 3600.0  # forget sessions idle this long (nothing is stored for them)
     # Start even when the template probe finds that increments differ from full renders.
     allow_template_mismatch: bool = False
+    admin_key: str | None = None  # manages tenants (/admin/tenants); from env or a file, never argv
+    default_limits: Limits = field(default_factory=Limits)  # per tenant, unless the tenant has its own
+    request_caps: RequestCaps = field(default_factory=RequestCaps)
 
 
 async def _engine_info(backend: SGLangBackend, wait: float) -> dict[str, Any]:
@@ -85,9 +101,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        backend = SGLangBackend(config.engine_url)
+        backend = MeteredBackend(SGLangBackend(config.engine_url))
         store = TrajectoryStore.open(config.data_dir)
+        tenant_store = TenantStore.open(config.data_dir)
         try:
+            app.state.tenant_store = tenant_store
+            admin_api.apply_tenants(tenant_store, app.state.tenant_keys, app.state.limits)
             info = await _engine_info(backend, config.engine_wait)
             profile = await asyncio.to_thread(
                 functools.partial(
@@ -131,11 +150,14 @@ def create_app(config: GatewayConfig) -> FastAPI:
             # keep it out of the cyclic collector's generations so collections stay cheap.
             gc.freeze()
             sweeper = asyncio.create_task(_sweep_sessions(app, config.session_ttl))
+            tenant_sync = asyncio.create_task(admin_api.sync_loop(app))
             yield
             sweeper.cancel()
+            tenant_sync.cancel()
         finally:
             await backend.aclose()
             await store.close()
+            tenant_store.close()
 
     app = FastAPI(title="rlgw", lifespan=lifespan)
     app.state.sessions = SessionTable()
@@ -144,11 +166,24 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.state.tenant_keys.add(key, tenant)
     app.state.public_url = config.public_url.rstrip("/") if config.public_url else None
     app.state.default_policy = config.default_policy
+    app.state.tenant_keys.set_admin_key(config.admin_key)
+    app.state.limits = LimitTable(config.default_limits)
+    app.state.request_caps = config.request_caps
+    app.state.template_mismatch_allowed = config.allow_template_mismatch
+    app.state.metrics_registry = ops_api.app_registry(app.state)
     install_error_handlers(app)
+    app.add_exception_handler(RateLimited, handle_rate_limited)
+    # Added innermost first: the meter sees every request, 413s included.
+    app.add_middleware(LimitsMiddleware, table=app.state.limits)
+    if config.request_caps.max_body_bytes is not None:
+        app.add_middleware(BodyLimitMiddleware, max_bytes=config.request_caps.max_body_bytes)
+    app.add_middleware(MetricsMiddleware)
     app.include_router(openai_api.router)
     app.include_router(completions.router)
     app.include_router(sessions_api.router)
     app.include_router(trajectories_api.router)
+    app.include_router(admin_api.router)
+    app.include_router(ops_api.router)
     app.include_router(anthropic_api.router)
     app.include_router(responses_api.router)
 

@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 from rlgw.gateway.errors import InvalidRequest, json_response
 from rlgw.gateway.ledger import Policy, Segment
+from rlgw.gateway.limits import open_in
 from rlgw.gateway.sample import RejectReason, SampleRejected, SampleStatus, validate_sample
 from rlgw.gateway.sessions import Mode, Session
 from rlgw.gateway.tenants import require_tenant
@@ -74,6 +75,7 @@ async def create_session(
     if unknown:
         raise InvalidRequest(f"unknown sampling keys {sorted(unknown)}; allowed: {sorted(SAMPLING_KEYS)}")
     state = request.app.state
+    state.limits.check_session_room(tenant, open_in(state.sessions))
     session, key = state.sessions.create(
         tenant=tenant,
         task_id=body.task_id,
@@ -85,6 +87,7 @@ async def create_session(
         sampling=body.sampling,
         sampling_precedence=body.sampling_precedence,
     )
+    state.limits.session_opened(tenant, session.id)
     base = state.public_url or str(request.base_url).rstrip("/")
     log.info(
         "session opened",

@@ -5,26 +5,43 @@ another tenant's data. With no tenant keys configured the gateway runs open, as 
 tenant "default" (the one-machine default). Keys are never stored, only their SHA-256
 digests, and are looked up by digest: lookup time does not depend on how much of a guessed
 key is right (the point of constant-time comparison), without an O(keys) scan per request.
+
+Tenant keys come from two places: the configuration (`RLGW_TENANT_KEYS`, `--tenant-keys-file`;
+fixed for the process) and the admin-managed tenant store (`tenant_store`; replaced whenever
+it changes). The admin key, when set, only manages tenants; it is no tenant's key.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 
 from fastapi import HTTPException, Request
+
+from rlgw.gateway.errors import AuthError
 
 DEFAULT_TENANT = "default"
 
 
-def _digest(key: str) -> bytes:
+def key_digest(key: str) -> bytes:
+    """The SHA-256 digest a key is stored and looked up by."""
     return hashlib.sha256(key.encode()).digest()
 
 
+_digest = key_digest
+
+
 class KeyTable:
-    """Maps API keys to owners (a tenant name or a session id) without storing the keys."""
+    """Maps API keys to owners (a tenant name or a session id) without storing the keys.
+
+    Used for session keys (`sessions.SessionTable`) and for tenant keys (`app.state.tenant_keys`,
+    which also holds the admin key's digest and the stored tenants' digests).
+    """
 
     def __init__(self) -> None:
         self._by_digest: dict[bytes, str] = {}
+        self._stored: dict[bytes, str] = {}  # the tenant store's digests, replaced as a whole
+        self._admin: bytes | None = None
 
     def add(self, key: str, owner: str) -> None:
         """Register `key` as belonging to `owner`."""
@@ -39,10 +56,34 @@ class KeyTable:
         # Keys are found by their SHA-256 digest: the lookup's timing depends on digest bytes,
         # which say nothing about how much of a guessed key is right, and it stays O(1) at any
         # number of sessions (comparing against every key would not).
-        return self._by_digest.get(_digest(key))
+        d = _digest(key)
+        return self._by_digest.get(d) or self._stored.get(d)
+
+    def replace_stored(self, digests: dict[bytes, str]) -> None:
+        """Set the tenant store's keys (digest -> tenant), dropping the previous set."""
+        self._stored = dict(digests)
+
+    def set_admin_key(self, key: str | None) -> None:
+        """The key that manages tenants (None: the admin API refuses everyone)."""
+        self._admin = _digest(key) if key else None
+
+    def is_admin_required(self) -> bool:
+        """Whether an admin key is set (then operations routes such as `/metrics` need it)."""
+        return self._admin is not None
+
+    def is_admin(self, key: str | None) -> bool:
+        """Whether `key` is the admin key (digests compared in constant time)."""
+        if self._admin is None or not key:
+            return False
+        return hmac.compare_digest(_digest(key), self._admin)
 
     def __len__(self) -> int:
-        return len(self._by_digest)
+        """How many credentials guard the gateway (keys, and the admin key when set).
+
+        0 means the gateway is open: every caller is the default tenant. Setting an admin key
+        closes it even before the first tenant is added.
+        """
+        return len(self._by_digest) + len(self._stored) + (self._admin is not None)
 
 
 def bearer_key(request: Request) -> str | None:
@@ -76,3 +117,12 @@ def require_tenant(request: Request) -> str:
             },
         )
     return owner
+
+
+def require_admin(request: Request) -> None:
+    """FastAPI dependency: 401 unless the bearer token is the admin key.
+
+    The answer is the same whether no admin key is configured or a wrong one was sent.
+    """
+    if not request.app.state.tenant_keys.is_admin(bearer_key(request)):
+        raise AuthError("Invalid or missing admin API key.")

@@ -31,9 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from rlgw.gateway import metrics
 from rlgw.gateway.backend import GenerationResult, new_rid
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded
 from rlgw.gateway.ledger import Cause, Policy, TurnCommit, Violation
+from rlgw.gateway.limits import turn_generated, turn_slot
 from rlgw.gateway.profile import ModelProfile
 from rlgw.gateway.sessions import Session
 
@@ -76,20 +78,24 @@ class Turn:
 async def turn_scope(session: Session, *, arrived: float | None = None) -> AsyncIterator[Turn]:
     """Hold the session for one turn; see the module docstring for what it owns."""
     arrived = time.monotonic() if arrived is None else arrived
-    async with session.lock:
-        if session.finished or session.finishing:
-            raise Conflict(f"session {session.id!r} is finished", param="session_id", code="session_finished")
-        turn = Turn(session, new_rid(), arrived)
-        session.active_rids.add(turn.rid)
-        session.last_active = time.monotonic()
-        try:
-            yield turn
-        finally:
-            session.active_rids.discard(turn.rid)
-            if turn.committed:
-                session.turns += 1
-            else:
-                session.failed_turns += 1
+    # The tenant's in-flight slot (429 over a limit) is held while waiting for the lock too.
+    with turn_slot(session.tenant):
+        async with session.lock:
+            if session.finished or session.finishing:
+                raise Conflict(
+                    f"session {session.id!r} is finished", param="session_id", code="session_finished"
+                )
+            turn = Turn(session, new_rid(), arrived)
+            session.active_rids.add(turn.rid)
+            session.last_active = time.monotonic()
+            try:
+                yield turn
+            finally:
+                session.active_rids.discard(turn.rid)
+                if turn.committed:
+                    session.turns += 1
+                else:
+                    session.failed_turns += 1
 
 
 def decide(session: Session, violation: Violation, event: str | None) -> tuple[str, str] | str:
@@ -176,6 +182,7 @@ def commit(
     string or another EOS gets the template's closing in the next increment, as a full render has it.
     """
     session = turn.session
+    turn_generated(session.tenant, plan.surface, len(result.output_ids))
     if (
         result.finish_type == "length"
         and len(plan.input_ids) + len(result.output_ids) >= profile.context_length
@@ -226,4 +233,5 @@ def commit(
         ),
         result.weight_version,
     )
+    metrics.turn_recorded(len(plan.increment) + len(result.output_ids), len(result.output_ids))
     turn.committed = True

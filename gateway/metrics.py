@@ -1,0 +1,271 @@
+"""The gateway's Prometheus metrics: one registry, the metric objects, and the request meter.
+
+Every metric the gateway exports is defined here, once, with its meaning in its help text;
+other modules import the object and update it (`SEGMENTS.labels(cause).inc()`). All updates
+are O(1) and never await. Metrics whose value is a view of live state (open sessions per
+tenant) are computed at scrape time by a collector (`OpenSessionsCollector`), so turns pay
+nothing for them. This module owns no HTTP route (`ops_api` serves `/metrics`).
+
+Names (all prefixed `rlgw_`):
+
+| metric | type | labels | meaning |
+| --- | --- | --- | --- |
+| `requests_total` | counter | route, method, status | HTTP requests answered, by route template |
+| `request_seconds` | histogram | route | wall time from request to the last body byte |
+| `turn_added_seconds` | histogram | surface | a turn's time minus the engine's time: what rlgw adds |
+| `engine_seconds` | histogram | — | time spent waiting on the engine per turn |
+| `recorded_tokens_total` | counter | — | tokens appended to ledgers (prompt increments + sampled) |
+| `trainable_tokens_total` | counter | — | sampled tokens recorded with loss mask 1 |
+| `generated_tokens_total` | counter | — | tokens the engine sampled for agents (recorded or not) |
+| `segments_total` | counter | cause | ledger segments opened, by machine-readable cause |
+| `sample_rejects_total` | counter | reason | segments refused at finish, by the sample contract's reason |
+| `request_rejects_total` | counter | reason | requests refused before a turn: limits, body caps, auth |
+| `engine_errors_total` | counter | kind | failed engine calls (overloaded, timeout, aborted, upstream) |
+| `journal_write_seconds` | histogram | — | time to make one turn's journal record durable |
+| `open_sessions` | gauge | tenant | sessions open (not finished) on this process, per tenant |
+| `turns_in_flight` | gauge | — | turns running now (what a graceful shutdown waits for) |
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# One registry per process (Prometheus' model: a scrape describes the process). It is not the
+# library's global default, so importing rlgw never adds metrics to a host application's.
+REGISTRY = CollectorRegistry()
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+# Turn latencies are sub-millisecond to minutes: buckets from 0.25 ms up.
+_FAST = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+_SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+REQUESTS = Counter(
+    "rlgw_requests", "HTTP requests answered, by route template, method and status.",
+    ("route", "method", "status"), registry=REGISTRY,
+)  # fmt: skip
+REQUEST_SECONDS = Histogram(
+    "rlgw_request_seconds", "Wall time of an HTTP request, from its start to its last body byte.",
+    ("route",), buckets=_SLOW, registry=REGISTRY,
+)  # fmt: skip
+TURN_ADDED_SECONDS = Histogram(
+    "rlgw_turn_added_seconds",
+    "The gateway's own time per turn: the request's wall time minus the time spent waiting on the engine.",
+    ("surface",), buckets=_FAST, registry=REGISTRY,
+)  # fmt: skip
+ENGINE_SECONDS = Histogram(
+    "rlgw_engine_seconds", "Time a turn spent waiting on the engine (all its engine calls).",
+    buckets=_SLOW, registry=REGISTRY,
+)  # fmt: skip
+RECORDED_TOKENS = Counter(
+    "rlgw_recorded_tokens", "Tokens appended to session ledgers: prompt increments plus sampled tokens.",
+    registry=REGISTRY,
+)  # fmt: skip
+TRAINABLE_TOKENS = Counter(
+    "rlgw_trainable_tokens", "Sampled tokens recorded with loss mask 1 (what training learns from).",
+    registry=REGISTRY,
+)  # fmt: skip
+GENERATED_TOKENS = Counter(
+    "rlgw_generated_tokens", "Tokens the engine sampled for agents, recorded or not (eval, passthrough).",
+    registry=REGISTRY,
+)  # fmt: skip
+SEGMENTS = Counter(
+    "rlgw_segments", "Ledger segments opened after a history change, by machine-readable cause.",
+    ("cause",), registry=REGISTRY,
+)  # fmt: skip
+SAMPLE_REJECTS = Counter(
+    "rlgw_sample_rejects", "Segments refused at finish by the sample contract, by reason code.",
+    ("reason",), registry=REGISTRY,
+)  # fmt: skip
+REQUEST_REJECTS = Counter(
+    "rlgw_request_rejects",
+    "Requests refused before a turn ran: a tenant limit (429) or a body or size cap (413/400).",
+    ("reason",), registry=REGISTRY,
+)  # fmt: skip
+ENGINE_ERRORS = Counter(
+    "rlgw_engine_errors", "Turns failed by the engine, by kind (overloaded, timeout, aborted, upstream).",
+    ("kind",), registry=REGISTRY,
+)  # fmt: skip
+JOURNAL_WRITE_SECONDS = Histogram(
+    "rlgw_journal_write_seconds", "Time to make one committed turn's journal record durable.",
+    buckets=_FAST, registry=REGISTRY,
+)  # fmt: skip
+TURNS_IN_FLIGHT = Gauge(
+    "rlgw_turns_in_flight", "Turns running now (a graceful shutdown waits for them).", registry=REGISTRY
+)
+
+
+class RequestClock:
+    """Per-request timing shared between the meter and the code under it.
+
+    The engine client adds its waiting time with `add_engine_time`; a turn names its surface
+    with `mark_turn`. The meter then splits the request's wall time into engine time and the
+    gateway's own.
+    """
+
+    __slots__ = ("engine_s", "surface")
+
+    def __init__(self) -> None:
+        self.engine_s = 0.0
+        self.surface: str | None = None
+
+
+_CLOCK: contextvars.ContextVar[RequestClock | None] = contextvars.ContextVar(
+    "rlgw_request_clock", default=None
+)
+
+
+def add_engine_time(seconds: float) -> None:
+    """Count `seconds` spent waiting on the engine against the current request (if metered)."""
+    clock = _CLOCK.get()
+    if clock is not None:
+        clock.engine_s += seconds
+
+
+def mark_turn(surface: str) -> None:
+    """Say that the current request is a turn on `surface` (chat, completions, messages, ...)."""
+    clock = _CLOCK.get()
+    if clock is not None:
+        clock.surface = surface
+
+
+def turn_recorded(recorded: int, trainable: int) -> None:
+    """A committed turn appended `recorded` tokens to its ledger, `trainable` of them with mask 1."""
+    RECORDED_TOKENS.inc(recorded)
+    TRAINABLE_TOKENS.inc(trainable)
+
+
+def engine_error(kind: str) -> None:
+    """Count one failed engine call of `kind` (an error code such as `engine_timeout`)."""
+    ENGINE_ERRORS.labels(kind).inc()
+
+
+def reject(reason: str) -> None:
+    """Count one request refused for `reason` (`open_sessions`, `body_too_large`, ...)."""
+    REQUEST_REJECTS.labels(reason).inc()
+
+
+class MeteredBackend:
+    """A `ModelBackend` that counts the time spent waiting on the engine against the request.
+
+    `generate` is timed whole; a stream is timed while waiting for each update, so the work the
+    gateway does between updates stays its own. Everything else is the wrapped backend's.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped `generate`, timed."""
+        start = time.perf_counter()
+        try:
+            return await self._inner.generate(*args, **kwargs)
+        finally:
+            add_engine_time(time.perf_counter() - start)
+
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """The wrapped `stream`, each wait for an update timed; closing it closes the inner one."""
+        updates = self._inner.stream(*args, **kwargs)
+        try:
+            while True:
+                start = time.perf_counter()
+                try:
+                    update = await updates.__anext__()
+                except StopAsyncIteration:
+                    return
+                finally:
+                    add_engine_time(time.perf_counter() - start)
+                yield update
+        finally:
+            await updates.aclose()
+
+
+def _route_of(scope: dict[str, Any]) -> str:
+    # The route template, never the raw path: session ids in paths would make a series per session.
+    route = scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware: counts and times every HTTP request, and a turn's added time.
+
+    It wraps `send` to see the status and the last body byte (so a stream is timed to its
+    end) and never buffers. `/metrics` itself is counted like any other route.
+    """
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+
+    async def __call__(
+        self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        clock = RequestClock()
+        token = _CLOCK.set(clock)
+        status = 500  # an exception escaping the app is answered 500 by the server
+
+        async def metered_send(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, metered_send)
+        finally:
+            _CLOCK.reset(token)
+            elapsed = time.perf_counter() - start
+            route = _route_of(scope)
+            REQUESTS.labels(route, scope["method"], str(status)).inc()
+            REQUEST_SECONDS.labels(route).observe(elapsed)
+            if clock.surface is not None:
+                ENGINE_SECONDS.observe(clock.engine_s)
+                TURN_ADDED_SECONDS.labels(clock.surface).observe(max(0.0, elapsed - clock.engine_s))
+
+
+class OpenSessionsCollector(Collector):
+    """`rlgw_open_sessions{tenant}`, computed at scrape time from a live per-tenant count."""
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        """One gauge sample per tenant with open sessions."""
+        family = GaugeMetricFamily(
+            "rlgw_open_sessions",
+            "Sessions open (not finished) on this process, per tenant.",
+            labels=["tenant"],
+        )
+        for tenant, n in sorted(self._counts().items()):
+            family.add_metric([tenant], n)
+        yield family
+
+
+def exposition(*extra: CollectorRegistry) -> tuple[bytes, str]:
+    """The process registry (and `extra` per-app registries) in Prometheus' text format."""
+    body = generate_latest(REGISTRY) + b"".join(generate_latest(r) for r in extra)
+    return body, CONTENT_TYPE_LATEST

@@ -1,0 +1,56 @@
+"""A real `rlgw serve` subprocess for the tenants, limits, metrics and operations tests.
+
+Unlike `tests.support.procs.rlgw_process` it keeps the process's output in a file (tests grep
+the structured logs) and hands back the process itself (tests send it SIGTERM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.procs import free_port, wait_healthy
+
+
+@dataclass
+class Gateway:
+    """A running gateway: its URL, process, data dir and log file."""
+
+    url: str
+    proc: subprocess.Popen
+    data_dir: Path
+    log_path: Path
+
+    def logs(self) -> str:
+        """Everything the process wrote so far (stdout and stderr)."""
+        return self.log_path.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def gateway(engine_url: str, tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Gateway]:
+    """`rlgw serve --engine-url ENGINE_URL ARGS` on a free port with its data dir under `tmp`."""
+    port = free_port()
+    data_dir = tmp / "data"
+    log_path = tmp / f"gateway-{port}.log"
+    cmd = [sys.executable, "-m", "rlgw.bin.main", "--log-level", "debug", "serve", "--engine-url", engine_url]
+    cmd += ["--port", str(port), "--data-dir", str(data_dir), "--context-length", "256", *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url + "/healthz", proc)
+        yield Gateway(url, proc, data_dir, log_path)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -28,12 +28,13 @@ from typing import Any
 
 import jinja2
 from fastapi import APIRouter, Request
+from starlette.exceptions import HTTPException
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
 from rlgw.gateway import viewer_data
-from rlgw.gateway.errors import AuthError, InvalidRequest, NotFound, json_response
+from rlgw.gateway.errors import APIError, AuthError, InvalidRequest, NotFound, json_response
 from rlgw.gateway.store import StoredSample, TrajectoryStore
-from rlgw.gateway.tenants import DEFAULT_TENANT, KeyTable, bearer_key
+from rlgw.gateway.tenants import KeyTable, require_tenant
 from rlgw.gateway.tool_calls import detect_tool_format
 
 router = APIRouter()
@@ -57,18 +58,22 @@ class _Denied(Exception):
 
 
 def _scope(request: Request) -> str | None:
-    """The tenant whose runs the caller may see (`None`: all tenants, offline viewer only)."""
+    """The tenant whose runs the caller may see (`None`: all tenants, offline viewer only).
+
+    The trajectory API's own check (`require_tenant`: open gateway, or a bearer tenant key) first;
+    failing that, the key the login form left in the viewer's cookie.
+    """
     state = request.app.state
     if hasattr(state, "viewer_scope"):
         return state.viewer_scope
-    table: KeyTable = state.tenant_keys
-    if len(table) == 0:
-        return DEFAULT_TENANT
-    key = bearer_key(request) or request.cookies.get(COOKIE)
-    owner = table.owner(key) if key else None
-    if owner is None:
-        raise _Denied
-    return owner
+    try:
+        return require_tenant(request)
+    except (HTTPException, APIError):
+        key = request.cookies.get(COOKIE)
+        owner = state.tenant_keys.owner(key) if key else None
+        if owner is None:
+            raise _Denied from None
+        return owner
 
 
 def _store(request: Request) -> TrajectoryStore:

@@ -8,7 +8,7 @@ leading-space rules see the same left context as a full decode, and the differen
 two decodes is the new text. A delta that ends in U+FFFD (an incomplete UTF-8 character) is held
 back until more ids complete it, or until `flush`.
 
-Text is for the agent and for humans only; training uses the ids (DESIGN.md, token provenance).
+Text is for the agent and for humans only; training uses the ids (docs/ARCHITECTURE.md, token provenance).
 This module knows nothing about parsing or HTTP.
 """
 

@@ -27,16 +27,21 @@ def session_for_path(request: Request, session_id: str) -> Session:
     """The open session named in the path; the caller must hold its key or its tenant's key.
 
     On a gateway with no tenant keys (the one-machine default) the unguessable session id in
-    the path is the credential, so agents that send a placeholder key still work.
+    the path is the credential, so agents that send a placeholder key still work. Otherwise the
+    key is checked before the session is looked up: a wrong key gets the same 401 whether the
+    session exists or not, and a tenant gets the same 404 for another tenant's session as for none.
     """
     state = request.app.state
-    session = state.sessions.get_open(session_id)
     if len(state.tenant_keys) == 0:
-        return session
+        return state.sessions.get_open(session_id)
     key = bearer_key(request)
-    if key and (state.sessions.check_key(session, key) or state.tenant_keys.owner(key) == session.tenant):
-        return session
-    raise AuthError("this session needs its API key (or its tenant's key) as the bearer token")
+    tenant = state.tenant_keys.owner(key) if key else None
+    if tenant is not None:
+        return state.sessions.get_open(session_id, tenant)
+    session = state.sessions.by_key(key) if key else None
+    if session is None or session.id != session_id:
+        raise AuthError("this session needs its API key (or its tenant's key) as the bearer token")
+    return state.sessions.get_open(session_id)
 
 
 def session_for_key(request: Request) -> Session:

@@ -181,7 +181,9 @@ def test_tokens_per_minute_from_a_tenants_own_limits(
     tmp = tmp_path_factory.mktemp("tpm")
     with gateway(fe.url, tmp, env={"RLGW_ADMIN_KEY": "admin-0123456789"}) as g:
         r = httpx.post(
-            g.url + "/admin/tenants", json={"name": "small", "limits": {"tokens_per_minute": 1}}, headers=admin
+            g.url + "/admin/tenants",
+            json={"name": "small", "limits": {"tokens_per_minute": 1}},
+            headers=admin,
         )
         assert r.status_code == 201, r.text
         key = {"Authorization": f"Bearer {r.json()['api_key']}"}

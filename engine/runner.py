@@ -55,6 +55,9 @@ class ModelRunner:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.max_context_length = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        # Models pad their vocabulary beyond the tokenizer's (Qwen3: 151669 -> 151936); the padded
+        # rows are untrained, and an id there decodes to nothing and breaks every consumer.
+        self.tokenizer_vocab = min(len(tokenizer), self.vocab_size)
         self.eos_ids = _eos_ids(model, tokenizer)
 
     # -- admission checks -------------------------------------------------------------------------
@@ -87,7 +90,11 @@ class ModelRunner:
         return out.last_hidden_state
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._lm_head(hidden).float()
+        """Logits of `hidden`, with padded ids at -inf: never sampled, no mass in any logprob."""
+        logits = self._lm_head(hidden).float()
+        if self.tokenizer_vocab < logits.shape[-1]:
+            logits[..., self.tokenizer_vocab :] = float("-inf")
+        return logits
 
     def prefill(self, req: Request, budget: int) -> tuple[int, bool, dict | None]:
         """Feed up to `budget` more tokens of `req`'s sequence into its own KV cache.

@@ -153,6 +153,7 @@ class InstalledAgent:
             ctx = ScaffoldContext(
                 task=task, mode=cfg.mode, llm=endpoint, workdir=sandbox.workdir,
                 home=f"{sandbox.scratch}/{self.scaffold.name}", max_turns=cfg.max_turns,
+                sampling=dict(cfg.sampling or {}),
             )  # fmt: skip
             await _stage("install", self._install(sandbox, ctx))
             run = await _stage(

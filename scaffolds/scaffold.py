@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from rlgw.scaffolds.tasks import Task
 from rlgw.scaffolds.termination import TerminationReason, classify
@@ -37,7 +37,10 @@ class ScaffoldContext:
     """Everything a scaffold needs to build its commands for one task run.
 
     `home` is the scaffold's own directory inside the sandbox (install and logs), under the
-    sandbox's scratch area so it never lands in the frozen workspace.
+    sandbox's scratch area so it never lands in the frozen workspace. `sampling` holds the
+    run's sampling parameters (OpenAI names: temperature, top_p, max_tokens, ...), which each
+    scaffold passes through its own settings, since some agents send their own defaults on
+    every call (OpenHands V0 sends `temperature: 0.0`).
     """
 
     task: Task
@@ -46,6 +49,7 @@ class ScaffoldContext:
     workdir: str
     home: str
     max_turns: int
+    sampling: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -1,7 +1,9 @@
 """Terminus-2 (harbor / terminal-bench) as an installed scaffold.
 
-Installs `harbor` (Python >= 3.12) and tmux in the sandbox and runs `terminus_launcher.py`
-there, pointed at the endpoint (LiteLLM's `openai/` provider, `OPENAI_API_KEY`).
+Installs `harbor` (Python >= 3.12) and tmux in the sandbox (nothing when the venv already
+imports Terminus-2) and runs `terminus_launcher.py` there, pointed at the endpoint (LiteLLM's
+`openai/` provider, `OPENAI_API_KEY`), each run with its own tmux server, the run's sampling
+passed through Terminus-2's own settings.
 Capture forces `enable_summarize` off (a user who turned it on gets
 `CaptureConflictError`); eval passes the user's choice (default on, harbor's default).
 
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import orjson
 
-from rlgw.scaffolds.openhands import UV_PATH
+from rlgw.scaffolds.install import uv_install, version_check
 from rlgw.scaffolds.scaffold import (
     CaptureConflictError,
     InstalledScaffold,
@@ -63,14 +65,13 @@ class Terminus2Scaffold(InstalledScaffold):
 
     def install_commands(self, ctx: ScaffoldContext) -> list[str]:
         venv = shlex.quote(self.venv)
+        # The version, not an import: importing harbor costs seconds on a busy machine.
+        check = f"{venv}/bin/python -c {shlex.quote(version_check('harbor', self.harbor_version))}"
         return [
             "command -v tmux >/dev/null || (apt-get update -qq && "
             "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux)",
-            "command -v uv >/dev/null || (curl -LsSf https://astral.sh/uv/install.sh | sh)",
-            f"{UV_PATH} test -x {venv}/bin/python || uv venv {venv} --python 3.12",
-            f"{UV_PATH} uv pip install --python {venv}/bin/python "
-            f"{shlex.quote('harbor==' + self.harbor_version)}",
-            f"{venv}/bin/python -c 'import harbor.agents.terminus_2'",
+            uv_install(self.venv, f"harbor=={self.harbor_version}", check),
+            check,
         ]
 
     def run_command(self, ctx: ScaffoldContext) -> str:
@@ -83,6 +84,7 @@ class Terminus2Scaffold(InstalledScaffold):
             "--enable-summarize", "true" if self._summarize(ctx.mode) else "false",
             "--logs-dir", f"{ctx.home}/logs",
             "--workdir", ctx.workdir,
+            "--sampling", orjson.dumps(ctx.sampling).decode(),
         ]  # fmt: skip
         tee = shlex.quote(ctx.home + "/terminus.log")
         return f"{shlex.join(args)} 2>&1 | tee {tee}; exit ${{PIPESTATUS[0]}}"
@@ -92,6 +94,8 @@ class Terminus2Scaffold(InstalledScaffold):
             "OPENAI_API_KEY": ctx.llm.api_key,
             "OPENAI_API_BASE": ctx.llm.base_url,
             "PYTHONUNBUFFERED": "1",
+            # LiteLLM otherwise fetches its price list from GitHub at start (8 s of retries offline).
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         }
 
     def log_paths(self, ctx: ScaffoldContext) -> dict[str, str]:

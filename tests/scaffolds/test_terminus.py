@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
 import pytest
@@ -21,12 +22,18 @@ def test_capture_command_forces_summarization_off() -> None:
     assert opts == {
         "--instruction-file": "/rlgw/scaffold/instruction.md", "--model": "openai/tiny",
         "--api-base": "http://gw:8000/s/abc/v1", "--max-turns": "4", "--enable-summarize": "false",
-        "--logs-dir": "/rlgw/scaffold/logs", "--workdir": "/workspace",
+        "--logs-dir": "/rlgw/scaffold/logs", "--workdir": "/workspace", "--sampling": "{}",
     }  # fmt: skip
+    sampled = dataclasses.replace(c, sampling={"temperature": 0.3, "top_p": 0.9})
+    assert '--sampling \'{"temperature":0.3,"top_p":0.9}\'' in sc.run_command(sampled)
+    assert sc.env(c)["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
     assert sc.env(c)["OPENAI_API_KEY"] == "sk-session"
     files = sc.install_files(c)
     assert "class HostEnvironment" in files["/rlgw/scaffold/launcher.py"]
-    assert any("harbor==0.26.0" in line for line in sc.install_commands(c))
+    install = sc.install_commands(c)
+    # The install is skipped when the venv already holds this harbor version.
+    assert install[1].startswith("/opt/terminus-venv/bin/python -c ") and "'0.26.0'" in install[1]
+    assert "|| (" in install[1] and "harbor==0.26.0" in install[1]
     assert sc.log_paths(c)["trajectory"] == "/rlgw/scaffold/logs/trajectory.json"
 
 

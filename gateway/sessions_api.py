@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
+from rlgw.gateway import metrics
 from rlgw.gateway.errors import InvalidRequest, json_response
 from rlgw.gateway.ledger import Policy, Segment
 from rlgw.gateway.limits import open_in
@@ -243,6 +244,8 @@ async def _store_samples(request: Request, session: Session, body: SessionFinish
             summary["rejects"].append(reject)
             continue
         accepted.append((index, sample))
+    for reject in summary["rejects"]:
+        metrics.SAMPLE_REJECTS.labels(reject["reason"]).inc()
     if accepted:
         cursors = await asyncio.shield(
             state.store.add_samples(

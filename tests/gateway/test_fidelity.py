@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.test_api import A, USER, client, fe, finish, gw, info, session  # noqa: F401
+from tests.gateway.test_api import USER, A, client, finish, info, session
 from tests.support.fault_engine import FaultEngine
 
 TOOL = {

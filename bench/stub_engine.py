@@ -1,8 +1,10 @@
-"""A stub engine speaking SGLang's `/generate` protocol that answers at once.
+"""A stub engine that answers at once: SGLang's `/generate` and OpenAI's `/v1/chat/completions`.
 
-For benchmarks of the gateway alone: it does no inference, so every millisecond measured
-through it is the gateway's (or the network's). It replies with a fixed tool call (or a plain
-answer every `--answer-every` turns) pre-tokenized with the served tokenizer.
+For benchmarks of gateways alone: it does no inference and no tokenization (prompt sizes are
+counted, never encoded), so every millisecond measured through it is the gateway's (or the
+network's). `/generate` (what rlgw and the pass-through peer call) replies with a fixed tool
+call pre-tokenized once with the served tokenizer; `/v1/chat/completions` (what a plain OpenAI
+proxy such as LiteLLM's calls) replies with the same tool call in OpenAI's shape.
 
     python -m bench.stub_engine --tokenizer DIR --port 30001
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import uuid
 
 import orjson
@@ -21,10 +24,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 TOOL_CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>'
+CALL_FUNCTION = {"name": "bash", "arguments": '{"command": "ls -la"}'}
 
 
 def build_app(tokenizer_dir: str, context_length: int) -> Starlette:
-    """The stub app: `/generate` (plain and SSE), `/model_info`, `/health`, `/abort_request`."""
+    """The stub app: `/generate` (plain and SSE), `/v1/chat/completions`, `/model_info`, `/health`."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -61,6 +65,31 @@ def build_app(tokenizer_dir: str, context_length: int) -> Starlette:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def chat_completions(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        # A size estimate, not a tokenization: the stub's own cost must stay flat.
+        chars = sum(len(m.get("content") or "") for m in body.get("messages") or [])
+        call = {"id": "call_" + uuid.uuid4().hex[:24], "type": "function", "function": CALL_FUNCTION}
+        doc = {
+            "id": "chatcmpl-" + uuid.uuid4().hex,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or "stub",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                    "finish_reason": "tool_calls",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": chars // 4,
+                "completion_tokens": len(reply),
+                "total_tokens": chars // 4 + len(reply),
+            },
+        }
+        return Response(orjson.dumps(doc), media_type="application/json")
+
     async def model_info(request: Request) -> Response:
         return Response(
             json.dumps(
@@ -82,6 +111,7 @@ def build_app(tokenizer_dir: str, context_length: int) -> Starlette:
     return Starlette(
         routes=[
             Route("/generate", generate, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/model_info", model_info),
             Route("/health", ok),
             Route("/abort_request", ok, methods=["POST"]),

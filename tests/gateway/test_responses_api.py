@@ -120,12 +120,16 @@ def test_responses_stream_chained_by_previous_response_id_is_one_token_exact_sam
     recorded(qwen3, s["session_id"], run, {})
 
 
-def test_unknown_previous_response_id_is_a_400(qwen3: Stack) -> None:
+def test_unknown_or_unstored_previous_response_id_is_a_400(qwen3: Stack) -> None:
     s = open_session(qwen3, task_id="responses-missing")
     client = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
     with pytest.raises(openai.BadRequestError) as bad:
         client.responses.create(model="m", input="hi", previous_response_id="resp_nope")
     assert bad.value.code == "previous_response_not_found" and bad.value.param == "previous_response_id"
+    # store=false: the gateway keeps nothing to continue from.
+    kept = client.responses.create(model="m", input=fp.PLAIN[0]["content"], max_output_tokens=8, store=False)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="m", input="and?", previous_response_id=kept.id)
     r = httpx.post(s["base_url"] + "/responses", json={"input": [{"type": "item_reference", "id": "x"}]})
     assert r.status_code == 400 and "item_reference" in r.json()["error"]["message"]
     finish(qwen3, s["session_id"])

@@ -117,6 +117,14 @@ def plan_turn(profile: ModelProfile, session: Session, turn: Turn, params: ChatP
     what the session's policy decides is carried in the plan and applied at commit."""
     renderer = profile.renderer
     messages, tools, kw = params.messages, params.tools, params.template_kwargs
+    if tools and not renderer.renders_tools and not profile.tool_parser_explicit:
+        # Answering as if there were no tools would silently change the task: refuse, unless the
+        # operator named a tool parser (the agent then describes its tools in its own prompt).
+        raise InvalidRequest(
+            f"the chat template of {profile.name!r} cannot render tools; serve it with a tool-capable "
+            "--chat-template (or name --tool-parser if the agent describes its tools itself)",
+            param="tools",
+        )
     digest = tools_digest(tools)
     ledger = session.ledger
     if ledger is None or not ledger.capturing:

@@ -28,6 +28,9 @@ class ModelProfile:
     tool_format: str | None
     reasoning: bool
     think_start_ids: tuple[int, ...] = ()
+    # The operator named the tool parser (--tool-parser): tools are accepted even when the
+    # template does not render them (the agent describes them in its own prompt).
+    tool_parser_explicit: bool = False
 
     @property
     def vocab_size(self) -> int:
@@ -87,4 +90,5 @@ def build_profile(
         tool_format=tool_format,
         reasoning=reasoning,
         think_start_ids=think,
+        tool_parser_explicit=tool_parser != "auto",
     )

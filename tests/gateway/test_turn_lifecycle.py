@@ -1,0 +1,142 @@
+"""The turn lifecycle exists once: every surface, streamed or not, leaves the same counters and
+the same ledger after a failure, a disconnect and a success (`gateway/turn.py`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from rlgw.gateway.chat import ChatParams, plan_turn
+from rlgw.gateway.errors import InvalidRequest
+from rlgw.gateway.ledger import Ledger, Policy
+from rlgw.gateway.profile import ModelProfile
+from rlgw.gateway.render import ChatRenderer
+from rlgw.gateway.sessions import Mode, Session
+from rlgw.gateway.sessions_api import _bad_token_turn
+from rlgw.gateway.turn import Turn
+from tests.gateway.test_api import A, finish, info, session
+from tests.support.fault_engine import FaultEngine
+
+BODIES: dict[str, dict[str, Any]] = {
+    "chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    "completions": {"model": "m", "prompt": "Once upon a time", "max_tokens": 4},
+    "messages": {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+    "responses": {"model": "m", "input": "hi"},
+}
+
+
+def _post(s: dict[str, Any], surface: str, stream: bool, timeout: float = 30.0) -> httpx.Response:
+    body = {**BODIES[surface], "stream": stream}
+    headers = {"Authorization": f"Bearer {s['api_key']}", "x-api-key": s["api_key"]}
+    with httpx.Client(timeout=timeout) as c:
+        r = c.post(f"{s['base_url']}/{surface}", json=body, headers=headers)
+        _ = r.content  # read a streamed body to its end
+        return r
+
+
+def _counters(gw: str, sid: str) -> tuple[int, int, int, int]:
+    d = info(gw, sid)
+    return d["turns"], d["failed_turns"], d["segments"], d["tokens"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("surface", list(BODIES))
+def test_failure_disconnect_success_leave_the_same_state_on_every_surface(
+    gw: str, fe: FaultEngine, surface: str, stream: bool
+) -> None:
+    s = session(gw)
+    sid = s["session_id"]
+    probe = _post(s, surface, stream)
+    if probe.status_code == 404:
+        pytest.skip(f"no /{surface} route on this gateway")
+    assert probe.status_code == 200, probe.text
+    after_success = _counters(gw, sid)
+    assert after_success[:3] == (1, 0, 1) and after_success[3] > 0
+
+    # An engine failure: no turn, one failed turn, the ledger as it was.
+    fe.script[:] = ["500"]
+    r = _post(s, surface, stream)
+    assert r.status_code == 502 or (stream and r.status_code == 200 and b"error" in r.content)
+    assert _counters(gw, sid) == (1, 1, 1, after_success[3])
+
+    # A client that leaves mid-turn: the engine request is aborted, the ledger as it was.
+    fe.script[:] = ["slow"]
+    with pytest.raises(httpx.TimeoutException):
+        _post(s, surface, stream, timeout=0.5)
+    deadline = time.monotonic() + 10
+    while _counters(gw, sid)[1] < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _counters(gw, sid) == (1, 2, 1, after_success[3])
+    assert fe.aborted, "the engine request of the abandoned turn was aborted"
+    time.sleep(3)  # let the slow engine call end before the next test scripts it
+
+    summary = finish(gw, sid)
+    assert len(summary["samples"]) == 1 and summary["rejects"] == []
+
+
+def _profile(tokenizer: Any, *, explicit: bool) -> ModelProfile:
+    renderer = ChatRenderer(tokenizer)
+    return ModelProfile("chatml", tokenizer, renderer, 4096, "hermes", False, tool_parser_explicit=explicit)
+
+
+def test_tools_on_a_template_that_cannot_render_them_are_refused(tiny_chatml: Any) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_chatml)
+    params = ChatParams(
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        tool_choice=None,
+        parallel_tool_calls=True,
+        sampling={},
+        max_tokens=None,
+        logprobs=False,
+        top_logprobs=0,
+        stream=False,
+        include_usage=False,
+        template_kwargs={},
+    )
+    sess = Session("s", "t", "task", Mode.CAPTURE, "r", 0, Policy.SEGMENT, {}, {}, ledger=Ledger())
+    with pytest.raises(InvalidRequest) as err:
+        plan_turn(_profile(tok, explicit=False), sess, Turn(sess, "rid", 0.0), params)
+    assert err.value.param == "tools"
+    # An operator who named the tool parser says the agent describes its tools itself.
+    plan = plan_turn(_profile(tok, explicit=True), sess, Turn(sess, "rid", 0.0), params)
+    assert len(plan.input_ids) > 0 and sess.ledger is not None and not sess.ledger.current.turns
+
+
+def test_a_bad_token_reject_names_its_turn() -> None:
+    from rlgw.gateway.ledger import TurnCommit
+
+    ledger = Ledger()
+    for i, out in enumerate(([5, 6], [7, 99_999])):
+        ledger.commit(
+            TurnCommit(
+                [{"role": "user", "content": str(i)}],
+                [1, 2],
+                out,
+                [-0.1] * len(out),
+                [],
+                f"r{i}",
+                (),
+                "",
+                f"rid{i}",
+                "stop",
+                True,
+                [],
+            ),
+            "v1",
+        )
+    assert _bad_token_turn(ledger.current, vocab_size=1000) == 1
+
+
+def test_finish_summary_lists_segments_with_their_causes(gw: str) -> None:
+    s = session(gw)
+    r = _post(s, "chat/completions", False)
+    assert r.status_code == 200
+    summary = httpx.post(gw + f"/v1/sessions/{s['session_id']}/finish", json={}, headers=A).json()
+    [seg] = summary["segment_causes"]
+    assert seg["cause"] == "start" and seg["trainable_tokens"] == summary["trainable_tokens"] > 0

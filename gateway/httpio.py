@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import orjson
 from fastapi import Request
 
+from rlgw.gateway.body_limits import check_counts
 from rlgw.gateway.errors import APIError, AuthError, ClientDisconnected, InvalidRequest
 from rlgw.gateway.sessions import Session
 from rlgw.gateway.tenants import bearer_key
@@ -54,13 +55,15 @@ def session_for_key(request: Request) -> Session:
 
 
 async def parse_body(request: Request) -> dict[str, Any]:
-    """The JSON object body of a request (400 if it is not one)."""
+    """The JSON object body of a request (400 if it is not one, or if it carries more messages or
+    tools than the gateway's caps allow)."""
     try:
         doc = orjson.loads(await request.body())
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise InvalidRequest("the body must be a JSON object")
+    check_counts(doc, request.app.state.request_caps)
     return doc
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.gateway import JSON, filler, pct, qwen3_tokenizer_dir
+from bench.gateway import JSON, filler, load_average, pct, qwen3_tokenizer_dir
 from tests.support.procs import free_port, rlgw_process, wait_healthy
 
 BASH = {
@@ -192,7 +192,7 @@ def main() -> None:
 
     tok_dir = qwen3_tokenizer_dir()
     tok = AutoTokenizer.from_pretrained(tok_dir)
-    user, observation = filler(tok, args.history), filler(tok, 200)
+    user, observation = filler(tok, args.history, seed=0), filler(tok, 200, seed=1)
     stub_port = free_port()
     stub = subprocess.Popen(
         [sys.executable, "-m", "bench.stub_engine", "--tokenizer", tok_dir, "--port", str(stub_port)],
@@ -213,9 +213,7 @@ def main() -> None:
                 Surface("responses", "/responses", user, observation),
             ]
             asyncio.run(measure(gw, stub_url, surfaces, args))
-            print(
-                f"gateway {gw} -> stub engine {stub_url}; history ~{args.history} tokens; tokenizer {tok_dir}"
-            )
+            print(f"gateway {gw} -> stub engine {stub_url}; history ~{args.history} tokens; {load_average()}")
             print(
                 "{:>10} {:>10} {:>10} {:>10} {:>12} {:>4}".format(
                     "surface", "rlgw p50", "added p50", "added p99", "vs chat p50", "n"

@@ -98,7 +98,7 @@ async def _recent_runs(
     whether the scan stopped at MAX_SCAN_ROWS."""
     runs: list[viewer_data.Run] = []
     scanned = 0
-    pending: list[Any] = []  # the newest-first rows of a run that may continue in the next read
+    pending: list[Any] = []  # newest-first rows of a run that may go on in the next read
     cursor = before
     while True:
         rows = await store.summaries(scope, before=cursor, limit=SCAN_ROWS, newest_first=True)
@@ -120,7 +120,7 @@ async def _recent_runs(
             return runs, None, False
         cursor = rows[-1].cursor
         if scanned >= MAX_SCAN_ROWS:
-            return runs, pending[-1].cursor if pending else cursor, True
+            return runs, pending[0].cursor + 1 if pending else cursor, True
 
 
 def _run_row(run: viewer_data.Run) -> dict[str, Any]:

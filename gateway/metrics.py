@@ -207,6 +207,13 @@ def _route_of(scope: dict[str, Any]) -> str:
     return getattr(route, "path", None) or "unmatched"
 
 
+# Label children resolved once: `.labels()` takes a lock and builds a key on every call. Both
+# maps are bounded by the routes and surfaces the app has (paths are labelled by template).
+_METHODS = frozenset(("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"))
+_REQUEST_CHILDREN: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+_ADDED_CHILDREN: dict[str, Any] = {}
+
+
 class MetricsMiddleware:
     """Pure ASGI middleware: counts and times every HTTP request, and a turn's added time.
 
@@ -239,12 +246,22 @@ class MetricsMiddleware:
         finally:
             _CLOCK.reset(token)
             elapsed = time.perf_counter() - start
-            route = _route_of(scope)
-            REQUESTS.labels(route, scope["method"], str(status)).inc()
-            REQUEST_SECONDS.labels(route).observe(elapsed)
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            key = (_route_of(scope), method, status)
+            children = _REQUEST_CHILDREN.get(key)
+            if children is None:
+                children = _REQUEST_CHILDREN[key] = (
+                    REQUESTS.labels(key[0], key[1], str(status)),
+                    REQUEST_SECONDS.labels(key[0]),
+                )
+            children[0].inc()
+            children[1].observe(elapsed)
             if clock.surface is not None:
                 ENGINE_SECONDS.observe(clock.engine_s)
-                TURN_ADDED_SECONDS.labels(clock.surface).observe(max(0.0, elapsed - clock.engine_s))
+                added = _ADDED_CHILDREN.get(clock.surface)
+                if added is None:
+                    added = _ADDED_CHILDREN[clock.surface] = TURN_ADDED_SECONDS.labels(clock.surface)
+                added.observe(max(0.0, elapsed - clock.engine_s))
 
 
 class OpenSessionsCollector(Collector):

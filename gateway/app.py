@@ -170,7 +170,6 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.state.limits = LimitTable(config.default_limits)
     app.state.request_caps = config.request_caps
     app.state.template_mismatch_allowed = config.allow_template_mismatch
-    app.state.metrics_registry = ops_api.app_registry(app.state)
     install_error_handlers(app)
     app.add_exception_handler(RateLimited, handle_rate_limited)
     # Added innermost first: the meter sees every request, 413s included.

@@ -265,9 +265,9 @@ class MetricsMiddleware:
 
 
 class OpenSessionsCollector(Collector):
-    """`rlgw_open_sessions{tenant}`, computed at scrape time from a live per-tenant count."""
+    """`rlgw_open_sessions{tenant}` from a per-tenant count taken at scrape time."""
 
-    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, counts: dict[str, int]) -> None:
         self._counts = counts
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
@@ -277,12 +277,16 @@ class OpenSessionsCollector(Collector):
             "Sessions open (not finished) on this process, per tenant.",
             labels=["tenant"],
         )
-        for tenant, n in sorted(self._counts().items()):
+        for tenant, n in sorted(self._counts.items()):
             family.add_metric([tenant], n)
         yield family
 
 
-def exposition(*extra: CollectorRegistry) -> tuple[bytes, str]:
-    """The process registry (and `extra` per-app registries) in Prometheus' text format."""
-    body = generate_latest(REGISTRY) + b"".join(generate_latest(r) for r in extra)
-    return body, CONTENT_TYPE_LATEST
+def exposition(open_sessions: dict[str, int] | None = None) -> tuple[bytes, str]:
+    """The process registry and the open-session counts in Prometheus' text format.
+
+    Safe to run off the event loop: `open_sessions` is a snapshot taken on it.
+    """
+    live = CollectorRegistry(auto_describe=True)
+    live.register(OpenSessionsCollector(open_sessions or {}))
+    return generate_latest(REGISTRY) + generate_latest(live), CONTENT_TYPE_LATEST

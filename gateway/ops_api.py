@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from prometheus_client import CollectorRegistry
 from starlette.responses import Response
 
 from rlgw.gateway import metrics
@@ -29,15 +28,6 @@ from rlgw.gateway.tenants import bearer_key
 router = APIRouter()
 
 CHECK_TIMEOUT_S = 2.0
-
-
-def app_registry(state: Any) -> CollectorRegistry:
-    """The app's own collectors (views of its live state) in a registry of their own."""
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(
-        metrics.OpenSessionsCollector(lambda: state.limits.open_sessions(open_in(state.sessions)))
-    )
-    return registry
 
 
 def _store_writable(path: Path) -> None:
@@ -91,5 +81,7 @@ async def prometheus_metrics(request: Request) -> Response:
     state = request.app.state
     if state.tenant_keys.is_admin_required() and not state.tenant_keys.is_admin(bearer_key(request)):
         raise AuthError("/metrics needs the admin API key")
-    body, content_type = await asyncio.to_thread(metrics.exposition, state.metrics_registry)
+    # Counted here, on the event loop that owns the session table; serialized on a worker thread.
+    open_sessions = state.limits.open_sessions(open_in(state.sessions))
+    body, content_type = await asyncio.to_thread(metrics.exposition, open_sessions)
     return Response(body, media_type=content_type)

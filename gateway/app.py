@@ -30,6 +30,7 @@ from rlgw.gateway import (
     responses_api,
     sessions_api,
     trajectories_api,
+    viewer,
 )
 from rlgw.gateway.backend import SGLangBackend
 from rlgw.gateway.body_limits import BodyLimitMiddleware, RequestCaps
@@ -185,6 +186,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.include_router(ops_api.router)
     app.include_router(anthropic_api.router)
     app.include_router(responses_api.router)
+    app.include_router(viewer.router)
 
     @app.get("/health")
     async def health(request: Request) -> Response:

@@ -9,6 +9,7 @@ GatewayError
 │   ├── Conflict                   409: the session is in a state that forbids the call
 │   ├── ClientDisconnected         499: the client left before the reply; the turn was cancelled
 │   └── UpstreamError              502: the engine failed
+│       ├── UpstreamUnreached      502: no connection was made (the request was never sent)
 │       ├── UpstreamOverloaded     503: the engine's queue is full (retried before it reaches a caller)
 │       ├── UpstreamTimeout        504: the engine did not answer in time
 │       └── UpstreamAborted        503: the engine aborted the generation
@@ -94,6 +95,12 @@ class UpstreamError(APIError):
 
     status = 502
     type = "upstream_error"
+
+
+class UpstreamUnreached(UpstreamError):
+    """502: the engine could not be reached; the request was never sent (safe to retry)."""
+
+    code = "engine_unreachable"
 
 
 class UpstreamOverloaded(UpstreamError):

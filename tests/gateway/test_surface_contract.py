@@ -1,0 +1,95 @@
+"""The Messages and Responses surfaces' HTTP contract with a scripted engine (tenant keys on).
+
+Auth by Anthropic's `x-api-key` (a session's key or its tenant's), errors in each surface's
+format before and after the first byte, and a failed turn that records nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.gateway.test_api import A, info, session
+from tests.support.fault_engine import FaultEngine
+
+HI = {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(autouse=True)
+def _reset(fe: FaultEngine) -> None:
+    fe.script.clear()
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    """The `data:` documents of an SSE body, with each event's name checked against its type."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        name, data = block.split("\n", 1)
+        doc = orjson.loads(data.removeprefix("data: "))
+        assert name == "event: " + doc["type"]
+        out.append(doc)
+    return out
+
+
+def test_messages_take_a_session_or_tenant_key_in_x_api_key(gw: str) -> None:
+    s = session(gw)
+    r = httpx.post(gw + "/v1/messages", json=HI, headers={"x-api-key": s["api_key"]})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["content"] == [{"type": "text", "text": "Hello there."}] and doc["stop_reason"] == "end_turn"
+    r = httpx.post(s["base_url"] + "/messages", json=HI, headers={"x-api-key": "key-a-0123456789"})
+    assert r.status_code == 200, r.text
+    r = httpx.post(s["base_url"] + "/messages", json=HI)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.post(gw + "/s/nope/v1/messages", json=HI, headers=A)
+    assert r.status_code == 404 and r.json() == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": r.json()["error"]["message"]},
+    }
+
+
+def test_messages_errors_before_the_first_byte_are_anthropic_errors(gw: str, fe: FaultEngine) -> None:
+    s = session(gw)
+    url, key = s["base_url"] + "/messages", {"x-api-key": s["api_key"]}
+    r = httpx.post(url, json={**HI, "max_tokens": 1000}, headers=key)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "maximum context length" in r.json()["error"]["message"]
+    r = httpx.post(url, content=b"{nope", headers=key)
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    r = httpx.post(url, json={**HI, "temperature": 3}, headers=key)
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("temperature")
+    fe.script.append("500")
+    r = httpx.post(url, json=HI, headers=key)
+    assert r.status_code == 502 and r.json()["error"]["type"] == "api_error"
+    assert info(gw, s["session_id"])["tokens"] == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [("/messages", {**HI, "stream": True}), ("/responses", {"input": "hi", "stream": True})]
+)
+def test_an_engine_failure_mid_stream_is_an_error_event_and_records_nothing(
+    gw: str, fe: FaultEngine, path: str, body: dict
+) -> None:
+    s = session(gw)
+    fe.script.append("drop")
+    r = httpx.post(s["base_url"] + path, json=body, headers={"Authorization": f"Bearer {s['api_key']}"})
+    assert r.status_code == 200
+    events = sse_events(r.text)
+    assert events[0]["type"] in ("message_start", "response.created") and events[-1]["type"] == "error"
+    assert info(gw, s["session_id"])["tokens"] == 0
+
+
+def test_responses_errors_are_openai_errors(gw: str) -> None:
+    s = session(gw)
+    auth = {"Authorization": f"Bearer {s['api_key']}"}
+    r = httpx.post(s["base_url"] + "/responses", json={"instructions": "no input"}, headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+    r = httpx.post(
+        s["base_url"] + "/responses", json={"input": "hi", "max_output_tokens": 1000}, headers=auth
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(s["base_url"] + "/responses", json={"input": "hi"}, headers=auth)
+    assert r.status_code == 200 and r.json()["output"][0]["content"][0]["text"] == "Hello there."

@@ -1,28 +1,40 @@
 """OpenHands as an installed scaffold: the pinned V0 headless entry and the V1 CLI.
 
-V0 (`python -m openhands.core.main -t TASK --config-file FILE`) reads the LLM from
-`LLM_BASE_URL` / `LLM_MODEL` / `LLM_API_KEY` (`LLM_NATIVE_TOOL_CALLING=true`) and saves its
-event list to `SAVE_TRAJECTORY_PATH`. When capturing, its config file pins the `noop`
-condenser and turns history truncation off; a user-chosen condenser or truncation then
-raises `CaptureConflictError`. In eval those settings are left to the user.
+V0 (`openhands-ai` 0.59, `python -m openhands.core.main -t TASK --config-file FILE -i N`)
+reads the LLM from `LLM_BASE_URL` / `LLM_MODEL` / `LLM_API_KEY` and the run's sampling from
+`LLM_TEMPERATURE` / `LLM_TOP_P` / `LLM_MAX_OUTPUT_TOKENS` (else it sends `temperature: 0.0`
+on every call). When capturing, its config file pins the `noop` condenser and turns history
+truncation off; a user-chosen condenser or truncation raises `CaptureConflictError`; in eval
+those settings are left to the user. Its local runtime drives a shell through tmux
+(`libtmux`, checked at install) and starts jupyter kernels that leave the process group:
+the sandbox's teardown kills them. After the run, the events OpenHands persisted under its
+file store are merged into one JSON list (the saved trajectory lacks the state changes).
 
-V1 (`openhands --headless --json -t TASK`) prints one JSON event per line on stdout; the
-same LLM variables apply; capture pins `OPENHANDS_CONDENSER=noop` likewise.
+V1 (the `openhands` 1.16 CLI) runs through `openhands_v1_launcher.py`, which writes the agent
+settings file the CLI reads (the LLM on the endpoint, the run's sampling, the condenser off
+when capturing) and sets the turn limit the CLI has no option for; the conversation's own
+state is copied out so the settings can be checked (`TrajectoryInfo.detail`).
 
-OpenHands' exit code says little (it exits 0 after an error state), so the run is read
-from its events: the last agent state (finished / rejected / error / stuck) and, for
-errors, `last_error` text (max iterations, budget, stuck in a loop, context window).
-This module knows nothing about sandboxes or the gateway.
+OpenHands' exit code says little (it exits 0 after an error state): the run is read from its
+events (`openhands_events`). This module knows nothing about sandboxes or the gateway.
 """
 
 from __future__ import annotations
 
-import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 import orjson
 
+from rlgw.scaffolds.install import uv_install, version_check
+from rlgw.scaffolds.openhands_events import (
+    load_json_list,
+    load_jsonl,
+    parse_v0_events,
+    parse_v1_events,
+    v1_settings,
+)
 from rlgw.scaffolds.scaffold import (
     CaptureConflictError,
     InstalledScaffold,
@@ -30,40 +42,24 @@ from rlgw.scaffolds.scaffold import (
     ScaffoldContext,
     TrajectoryInfo,
 )
-from rlgw.scaffolds.termination import TerminationReason
 
-# uv installs itself into ~/.local/bin.
-UV_PATH = 'export PATH="$HOME/.local/bin:$PATH";'
-# `last_error` / error-event text -> reason, checked in this order.
-_ERROR_PATTERNS: tuple[tuple[re.Pattern[str], TerminationReason], ...] = (
-    (re.compile(r"context ?window|context length|ContextWindowExceeded|LLMContextWindowExceed", re.I),
-     TerminationReason.CONTEXT_LENGTH_EXCEEDED),
-    (re.compile(r"maximum (number of )?iteration|max(imum)? ?iterations? (reached|exceeded)", re.I),
-     TerminationReason.MAX_TURNS),
-    (re.compile(r"budget", re.I), TerminationReason.BUDGET),
-    (re.compile(r"stuck", re.I), TerminationReason.STUCK),
-)  # fmt: skip
-
-
-def classify_error_text(text: str) -> TerminationReason:
-    """Map an OpenHands error message to a reason (plain `error` when nothing matches)."""
-    for pattern, reason in _ERROR_PATTERNS:
-        if pattern.search(text):
-            return reason
-    return TerminationReason.ERROR
-
-
-def _state_signal(state: str, error_text: str) -> TerminationReason | None:
-    state = state.lower()
-    if state == "finished":
-        return TerminationReason.FINISH
-    if state == "rejected":
-        return TerminationReason.REJECT
-    if state == "stuck":
-        return TerminationReason.STUCK
-    if state == "error":
-        return classify_error_text(error_text)
-    return None
+V1_LAUNCHER_SOURCE = Path(__file__).with_name("openhands_v1_launcher.py")
+DEFAULT_VERSIONS = {"v0": "0.59.0", "v1": "1.16.0"}
+# OpenAI sampling names -> V0's LLM config variables.
+_V0_SAMPLING_ENV = {
+    "temperature": "LLM_TEMPERATURE",
+    "top_p": "LLM_TOP_P",
+    "max_tokens": "LLM_MAX_OUTPUT_TOKENS",
+    "max_completion_tokens": "LLM_MAX_OUTPUT_TOKENS",
+    "seed": "LLM_SEED",
+}
+# Merges V0's persisted events (`FILE_STORE_PATH/sessions/<sid>/events/<n>.json`) into one list.
+_MERGE_V0_EVENTS = (
+    "import glob, json, os, sys\n"
+    "key = lambda p: (os.path.dirname(p), int(os.path.basename(p).split('.')[0]))\n"
+    "paths = sorted(glob.glob(sys.argv[1] + '/sessions/*/events/*.json'), key=key)\n"
+    "json.dump([json.load(open(p)) for p in paths], open(sys.argv[2], 'w'))\n"
+)
 
 
 class OpenHandsScaffold(InstalledScaffold):
@@ -79,7 +75,7 @@ class OpenHandsScaffold(InstalledScaffold):
         self,
         *,
         version: str = "v0",
-        openhands_version: str = "0.59.0",
+        openhands_version: str | None = None,
         condenser: str | None = None,
         history_truncation: bool | None = None,
         venv: str = "/opt/openhands-venv",
@@ -88,7 +84,7 @@ class OpenHandsScaffold(InstalledScaffold):
         if version not in ("v0", "v1"):
             raise ValueError(f"OpenHands version must be 'v0' or 'v1', not {version!r}")
         self.version = version
-        self.openhands_version = openhands_version
+        self.openhands_version = openhands_version or DEFAULT_VERSIONS[version]
         self.condenser = condenser
         self.history_truncation = history_truncation
         self.venv = venv
@@ -110,46 +106,56 @@ class OpenHandsScaffold(InstalledScaffold):
         return self.condenser, self.history_truncation
 
     def install_files(self, ctx: ScaffoldContext) -> dict[str, str]:
+        files = {f"{ctx.home}/instruction.md": ctx.task.instruction}
         if self.version == "v1":
-            return {f"{ctx.home}/instruction.md": ctx.task.instruction}
+            files[f"{ctx.home}/v1_launcher.py"] = V1_LAUNCHER_SOURCE.read_text()
+            return files
         condenser, truncation = self._history_settings(ctx.mode)
         lines = ["[core]", f'workspace_base = "{ctx.workdir}"', "", "[agent]"]
         if truncation is not None:
             lines.append(f"enable_history_truncation = {'true' if truncation else 'false'}")
         if condenser is not None:
             lines += ["", "[condenser]", f'type = "{condenser}"']
-        return {
-            f"{ctx.home}/config.toml": "\n".join(lines) + "\n",
-            f"{ctx.home}/instruction.md": ctx.task.instruction,
-        }
+        files[f"{ctx.home}/config.toml"] = "\n".join(lines) + "\n"
+        return files
 
     def install_commands(self, ctx: ScaffoldContext) -> list[str]:
-        venv = shlex.quote(self.venv)
+        py = f"{shlex.quote(self.venv)}/bin/python"
+        dist = "openhands-ai" if self.version == "v0" else "openhands"
+        # The version, not an import: importing OpenHands costs many seconds on a busy machine.
+        check = f"{py} -c {shlex.quote(version_check(dist, self.openhands_version))}"
+        commands = [uv_install(self.venv, f"{dist}=={self.openhands_version}", check), check]
         if self.version == "v0":
-            pkg, check = (
-                f"openhands-ai=={self.openhands_version}",
-                f"{venv}/bin/python -m openhands.core.main --version",
-            )
-        else:
-            pkg, check = "openhands", f"{venv}/bin/openhands --version"
-        return [
-            "command -v uv >/dev/null || (curl -LsSf https://astral.sh/uv/install.sh | sh)",
-            f"{UV_PATH} test -x {venv}/bin/python || uv venv {venv} --python 3.12",
-            f"{UV_PATH} uv pip install --python {venv}/bin/python {shlex.quote(pkg)}",
-            check,
-        ]
+            # V0's local runtime runs its shell in tmux through libtmux.
+            commands.append(f"tmux -V && {py} -c 'import libtmux'")
+        return commands
 
     def run_command(self, ctx: ScaffoldContext) -> str:
+        py = f"{shlex.quote(self.venv)}/bin/python"
         task = f"$(cat {shlex.quote(ctx.home + '/instruction.md')})"
         if self.version == "v0":
+            merge = (
+                f"{py} -c {shlex.quote(_MERGE_V0_EVENTS)} {shlex.quote(ctx.home + '/file_store')} "
+                + shlex.quote(ctx.home + "/events.json")
+            )
             return (
-                f'{shlex.quote(self.venv)}/bin/python -m openhands.core.main -t "{task}" '
+                f'{py} -m openhands.core.main -t "{task}" '
                 f"--config-file {shlex.quote(ctx.home + '/config.toml')} -d {shlex.quote(ctx.workdir)} "
                 f"-i {ctx.max_turns} "
-                f"2>&1 </dev/null | tee {shlex.quote(ctx.home + '/openhands.log')}; exit ${{PIPESTATUS[0]}}"
+                f"2>&1 </dev/null | tee {shlex.quote(ctx.home + '/openhands.log')}; "
+                f"status=${{PIPESTATUS[0]}}; {merge}; exit $status"
             )
+        condenser, _ = self._history_settings(ctx.mode)
+        args = [
+            py, f"{ctx.home}/v1_launcher.py",
+            "--max-iterations", str(ctx.max_turns),
+            "--condenser", "off" if condenser == "noop" else "default",
+            "--sampling", orjson.dumps(ctx.sampling).decode(),
+            "--state-out", f"{ctx.home}/state.json",
+            "--headless", "--json",
+        ]  # fmt: skip
         return (
-            f'{shlex.quote(self.venv)}/bin/openhands --headless --json -t "{task}" '
+            f'{shlex.join(args)} -t "{task}" '
             f"</dev/null | tee {shlex.quote(ctx.home + '/events.jsonl')}; exit ${{PIPESTATUS[0]}}"
         )
 
@@ -158,6 +164,18 @@ class OpenHandsScaffold(InstalledScaffold):
             "LLM_BASE_URL": ctx.llm.base_url,
             "LLM_MODEL": f"openai/{ctx.llm.model}",  # LiteLLM provider prefix: a plain OpenAI-compatible API
             "LLM_API_KEY": ctx.llm.api_key,
+            # LiteLLM otherwise fetches its price list from GitHub at start (seconds of retries offline).
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        }
+        if self.version == "v1":
+            env.update({
+                "OPENHANDS_PERSISTENCE_DIR": f"{ctx.home}/persistence",
+                "OPENHANDS_CONVERSATIONS_DIR": f"{ctx.home}/conversations",
+                "OPENHANDS_WORK_DIR": ctx.workdir,
+                "OPENHANDS_SUPPRESS_BANNER": "1",
+            })  # fmt: skip
+            return env
+        env.update({
             "LLM_NATIVE_TOOL_CALLING": "true" if self.native_tool_calling else "false",
             "MAX_ITERATIONS": str(ctx.max_turns),
             "RUNTIME": "local",
@@ -169,109 +187,37 @@ class OpenHandsScaffold(InstalledScaffold):
             "AGENT_ENABLE_PROMPT_EXTENSIONS": "false",
             "FILE_STORE": "local",
             "FILE_STORE_PATH": f"{ctx.home}/file_store",
-        }
-        if self.version == "v0":
-            env["SAVE_TRAJECTORY_PATH"] = f"{ctx.home}/trajectory.json"
-        else:
-            condenser, _ = self._history_settings(ctx.mode)
-            if condenser is not None:
-                env["OPENHANDS_CONDENSER"] = condenser
+            "SAVE_TRAJECTORY_PATH": f"{ctx.home}/trajectory.json",
+        })  # fmt: skip
+        for key, value in ctx.sampling.items():
+            if key in _V0_SAMPLING_ENV:
+                env[_V0_SAMPLING_ENV[key]] = str(value)
         return env
 
     def log_paths(self, ctx: ScaffoldContext) -> dict[str, str]:
         if self.version == "v0":
-            return {"trajectory": f"{ctx.home}/trajectory.json", "log": f"{ctx.home}/openhands.log"}
-        return {"events": f"{ctx.home}/events.jsonl"}
+            return {"events": f"{ctx.home}/events.json", "trajectory": f"{ctx.home}/trajectory.json",
+                    "log": f"{ctx.home}/openhands.log"}  # fmt: skip
+        return {"events": f"{ctx.home}/events.jsonl", "state": f"{ctx.home}/state.json"}
 
     def parse_trajectory(
         self, ctx: ScaffoldContext, logs: dict[str, bytes], output: str, exit_code: int | None
     ) -> TrajectoryInfo:
         if self.version == "v0":
-            return parse_v0_events(
-                _load_v0(logs.get("trajectory")), logs.get("log", b"").decode(errors="replace")
-            )
+            # The persisted events carry the state changes; the saved trajectory is the fallback.
+            events = load_json_list(logs.get("events")) or load_json_list(logs.get("trajectory"))
+            return parse_v0_events(events, logs.get("log", b"").decode(errors="replace") or output)
         text = logs.get("events", b"").decode(errors="replace") or output
-        return parse_v1_events(_jsonl(text))
+        state = _json_object(logs.get("state"))
+        info = parse_v1_events(load_jsonl(text), state)
+        if settings := v1_settings(state):
+            info.detail = f"{info.detail} [state: {orjson.dumps(settings).decode()}]".strip()
+        return info
 
 
-def _load_v0(raw: bytes | None) -> list[dict[str, Any]]:
-    if not raw:
-        return []
+def _json_object(raw: bytes | None) -> dict[str, Any] | None:
     try:
-        doc = orjson.loads(raw)
+        doc = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError:
-        return []
-    return doc if isinstance(doc, list) else list(doc.get("history") or doc.get("events") or [])
-
-
-def _jsonl(text: str) -> list[dict[str, Any]]:
-    events = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                events.append(orjson.loads(line))
-            except orjson.JSONDecodeError:
-                continue
-    return events
-
-
-def parse_v0_events(events: list[dict[str, Any]], log_text: str = "") -> TrajectoryInfo:
-    """V0 event list: the last `agent_state_changed` state, with `reason` / error text for errors.
-
-    Without a state change (the trajectory was never saved) the console log's last
-    `last_error`-style line is the evidence, if any.
-    """
-    info = TrajectoryInfo()
-    state, error_text = "", ""
-    for ev in events:
-        if ev.get("source") == "agent" and ev.get("action") not in (
-            None,
-            "message",
-            "system",
-            "change_agent_state",
-        ):
-            info.turns += 1
-        if ev.get("observation") == "agent_state_changed":
-            extras = ev.get("extras") or {}
-            state = str(extras.get("agent_state", ""))
-            if extras.get("reason"):
-                error_text = str(extras["reason"])
-        elif ev.get("observation") == "error":
-            error_text = str(ev.get("content") or ev.get("message") or error_text)
-        elif ev.get("action") == "finish":
-            state = state or "finished"
-    if not state and log_text:
-        # No saved trajectory: the console's last "to AgentState.X" transition and error line.
-        transitions = re.findall(r"to AgentState\.(\w+)", log_text)
-        state = transitions[-1].lower() if transitions else ""
-        errors = [ln for ln in log_text.splitlines() if ":ERROR:" in ln]
-        error_text = errors[-1] if errors else ""
-    if (sig := _state_signal(state, error_text)) is not None:
-        info.signals.add(sig)
-    info.detail = error_text
-    return info
-
-
-def parse_v1_events(events: list[dict[str, Any]]) -> TrajectoryInfo:
-    """V1 JSON events: `ConversationStateUpdateEvent` execution_status, `FinishAction`, error events."""
-    info = TrajectoryInfo()
-    status, error_text, finished = "", "", False
-    for ev in events:
-        kind = ev.get("kind", "")
-        if kind == "ActionEvent":
-            info.turns += 1
-            if (ev.get("action") or {}).get("kind") == "FinishAction":
-                finished = True
-        elif kind == "ConversationStateUpdateEvent" and ev.get("key") == "execution_status":
-            status = str(ev.get("value", ""))
-        elif kind in ("AgentErrorEvent", "ConversationErrorEvent"):
-            error_text = str(ev.get("error") or ev.get("detail") or ev.get("code") or "")
-    if status == "finished" and not finished and error_text:
-        status = "error"
-    if (sig := _state_signal(status, error_text)) is not None:
-        info.signals.add(sig)
-    elif error_text:
-        info.signals.add(classify_error_text(error_text))
-    info.detail = error_text
-    return info
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -68,9 +68,9 @@ TASKS = {
 UNSOLVED_REWARD = 0.25
 
 
-def overflowing(task: Task, tokens: int = 12000) -> Task:
-    """`task` with an instruction longer than the tiny model's 8192-token context."""
-    padding = " ".join(f"note{i}" for i in range(tokens))
+def overflowing(task: Task, words: int = 8000) -> Task:
+    """`task` with an instruction longer than the real-run gateway's 32768-token context."""
+    padding = " ".join(f"note{i}" for i in range(words))
     return Task(f"{task.id}-overflow", f"{task.instruction}\n\nBackground notes: {padding}",
                 task.setup_files, task.verifier)  # fmt: skip
 

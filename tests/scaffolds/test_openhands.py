@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 import tomllib
 
+import orjson
 import pytest
 
 from rlgw.scaffolds.openhands import OpenHandsScaffold
@@ -23,7 +26,9 @@ def test_v0_capture_command_env_and_config() -> None:
     cmd = sc.run_command(c)
     assert cmd.startswith("/opt/openhands-venv/bin/python -m openhands.core.main -t ")
     assert "--config-file /rlgw/scaffold/config.toml -d /workspace -i 3" in cmd
-    assert "exit ${PIPESTATUS[0]}" in cmd
+    # The agent's exit status survives the merge of its persisted events into one list.
+    assert "status=${PIPESTATUS[0]}; " in cmd and cmd.endswith("/rlgw/scaffold/events.json; exit $status")
+    assert "/sessions/*/events/*.json" in cmd
     env = sc.env(c)
     assert env["LLM_BASE_URL"] == "http://gw:8000/s/abc/v1" and env["LLM_API_KEY"] == "sk-session"
     assert env["LLM_MODEL"] == "openai/tiny" and env["LLM_NATIVE_TOOL_CALLING"] == "true"
@@ -32,8 +37,15 @@ def test_v0_capture_command_env_and_config() -> None:
     assert config["condenser"] == {"type": "noop"}
     assert config["agent"]["enable_history_truncation"] is False
     installs = sc.install_commands(c)
-    assert any("openhands-ai==0.59.0" in line for line in installs)
-    assert installs[-1].endswith("-m openhands.core.main --version")
+    assert "openhands-ai==0.59.0" in installs[0] and "'0.59.0'" in installs[1]
+    assert installs[-1] == "tmux -V && /opt/openhands-venv/bin/python -c 'import libtmux'"
+    sampled = sc.env(dataclasses.replace(c, sampling={"temperature": 0.7, "top_p": 0.9, "max_tokens": 64}))
+    assert (sampled["LLM_TEMPERATURE"], sampled["LLM_TOP_P"], sampled["LLM_MAX_OUTPUT_TOKENS"]) == (
+        "0.7",
+        "0.9",
+        "64",
+    )
+    assert "LLM_TEMPERATURE" not in env  # unset sampling: OpenHands' own default
 
 
 def test_eval_leaves_history_settings_alone_and_capture_refuses_them() -> None:
@@ -51,13 +63,20 @@ def test_eval_leaves_history_settings_alone_and_capture_refuses_them() -> None:
 
 def test_v1_command_and_env() -> None:
     sc = OpenHandsScaffold(version="v1")
-    c = ctx("capture")
-    cmd = sc.run_command(c)
-    assert cmd.startswith("/opt/openhands-venv/bin/openhands --headless --json -t ")
-    assert "tee /rlgw/scaffold/events.jsonl" in cmd
+    c = dataclasses.replace(ctx("capture"), sampling={"temperature": 0.5})
+    argv = shlex.split(sc.run_command(c).split(" -t ")[0])
+    assert argv[:2] == ["/opt/openhands-venv/bin/python", "/rlgw/scaffold/v1_launcher.py"]
+    assert argv[2:] == ["--max-iterations", "3", "--condenser", "off", "--sampling", '{"temperature":0.5}',
+                        "--state-out", "/rlgw/scaffold/state.json", "--headless", "--json"]  # fmt: skip
+    assert "tee /rlgw/scaffold/events.jsonl" in sc.run_command(c)
+    assert "--condenser default" in sc.run_command(ctx("eval"))  # eval: the CLI's own condenser
+    assert "class" not in sc.install_files(c)["/rlgw/scaffold/instruction.md"]
+    assert "max_iteration_per_run" in sc.install_files(c)["/rlgw/scaffold/v1_launcher.py"]
     env = sc.env(c)
-    assert env["OPENHANDS_CONDENSER"] == "noop" and "SAVE_TRAJECTORY_PATH" not in env
-    assert "OPENHANDS_CONDENSER" not in sc.env(ctx("eval"))
+    assert (
+        env["OPENHANDS_PERSISTENCE_DIR"] == "/rlgw/scaffold/persistence" and "SAVE_TRAJECTORY_PATH" not in env
+    )
+    assert "openhands==1.16.0" in sc.install_commands(c)[0]
     with pytest.raises(ValueError, match="v0"):
         OpenHandsScaffold(version="v2")
 
@@ -100,7 +119,6 @@ def test_v0_console_log_when_no_trajectory_was_saved() -> None:
         ("openhands_v1_finished.jsonl", R.FINISH, 3),
         ("openhands_v1_stuck.jsonl", R.STUCK, 4),
         ("openhands_v1_max_iterations.jsonl", R.MAX_TURNS, 3),
-        ("openhands_v1_context_window.jsonl", R.CONTEXT_LENGTH_EXCEEDED, 2),
     ],
 )
 def test_v1_events(fixture: str, expected: R, turns: int) -> None:
@@ -110,3 +128,46 @@ def test_v1_events(fixture: str, expected: R, turns: int) -> None:
     # The same events read from stdout when the tee'd file is missing.
     from_stdout = sc.parse_trajectory(ctx(), {}, "noise line\n" + log(fixture).decode(), 0)
     assert reason(sc, from_stdout) is expected
+
+
+@pytest.mark.parametrize(
+    ("name", "expected", "detail"),
+    [
+        ("finish", R.FINISH, '"max_iterations":3,"condenser":null'),
+        ("context", R.CONTEXT_LENGTH_EXCEEDED, "maximum context length is 8192"),
+        ("notfound", R.ERROR, "NotFoundError"),
+    ],
+)
+def test_v1_cli_logs_recorded_from_real_runs(name: str, expected: R, detail: str) -> None:
+    """Stdout (`--json`) and `base_state.json` of real `openhands` 1.16.0 runs against rlgw."""
+    sc = OpenHandsScaffold(version="v1")
+    logs = {
+        "events": log(f"openhands_v1_cli_{name}.jsonl"),
+        "state": log(f"openhands_v1_cli_{name}_state.json"),
+    }
+    info = sc.parse_trajectory(ctx(), logs, "", 0)
+    assert reason(sc, info) is expected and detail in info.detail
+
+
+def test_v1_recoverable_agent_error_is_not_fatal() -> None:
+    sc = OpenHandsScaffold(version="v1")
+    events = [{"kind": "AgentErrorEvent", "error": "Tool 'get_weather' not found"},
+              {"kind": "ActionEvent", "action": {"kind": "FinishAction"}}]  # fmt: skip
+    text = "\n".join(orjson.dumps(e).decode() for e in events).encode()
+    info = sc.parse_trajectory(ctx(), {"events": text}, "", 0)
+    assert reason(sc, info) is R.FINISH and "recovered from" in info.detail
+    state = b'{"execution_status": "finished"}'
+    alone = sc.parse_trajectory(ctx(), {"events": text.split(b"\n")[0], "state": state}, "", 0)
+    assert reason(sc, alone) is R.FINISH
+
+
+def test_v0_console_fallback_strips_colour() -> None:
+    sc = OpenHandsScaffold(version="v0")
+    coloured = (
+        "\x1b[92m10:00:01 - openhands:INFO\x1b[0m: Setting agent(CodeActAgent) state from "
+        "AgentState.RUNNING to AgentState.ERROR\n"
+        "\x1b[31m10:00:01 - openhands:ERROR\x1b[0m: Agent reached maximum iteration. "
+        "Current iteration: 3, max: 3\n"
+    )
+    info = sc.parse_trajectory(ctx(), {"log": coloured.encode()}, "", 0)
+    assert reason(sc, info) is R.MAX_TURNS and "\x1b" not in info.detail

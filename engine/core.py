@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from rlgw.engine import weights
+from rlgw.engine.grammar import Constraint, Matcher
 from rlgw.engine.request import Request, aborted
 from rlgw.engine.runner import ModelRunner, load_model
 from rlgw.engine.scheduler import Scheduler
@@ -132,6 +133,11 @@ class Engine:
     def check_request(self, input_ids: list[int], logprob_start_len: int) -> None:
         """Raise `RequestError` if a prompt cannot run on this model."""
         self.runner.check(input_ids, logprob_start_len)
+
+    def grammar_matcher(self, constraint: Constraint) -> Matcher:
+        """A fresh matcher for `constraint` (`GrammarError` if it does not compile). Compiles on the
+        caller's thread, seconds for a large schema: call it off the event loop."""
+        return self.runner.grammars.matcher(constraint)
 
     def submit(self, reqs: list[Request]) -> None:
         """Queue `reqs` together, or none of them (`QueueFullError` when the queue lacks room)."""

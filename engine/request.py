@@ -19,6 +19,7 @@ from enum import Enum
 
 import torch
 
+from rlgw.engine.grammar import Matcher
 from rlgw.engine.sampling import SamplingParams, make_generator
 
 
@@ -56,6 +57,7 @@ class Request:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    grammar: Matcher | None = None  # json_schema / regex / ebnf / structural_tag, compiled
     created: float = field(default_factory=time.monotonic)
     # Filled by the engine.
     phase: Phase = Phase.WAITING

@@ -18,7 +18,8 @@ import torch
 
 from rlgw.engine.batch import BatchCache, new_cache
 from rlgw.engine.errors import ModelError, RequestError
-from rlgw.engine.request import Phase, Request, Update, length, stopped
+from rlgw.engine.grammar import Grammars
+from rlgw.engine.request import Phase, Request, Update, failed, length, stopped
 from rlgw.engine.sampling import SamplerRow, sample, scaled_logprobs
 
 # Prompt rows whose logits are materialized at once when computing input logprobs (bounds memory
@@ -59,6 +60,7 @@ class ModelRunner:
         # rows are untrained, and an id there decodes to nothing and breaks every consumer.
         self.tokenizer_vocab = min(len(tokenizer), self.vocab_size)
         self.eos_ids = _eos_ids(model, tokenizer)
+        self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids)
 
     # -- admission checks -------------------------------------------------------------------------
 
@@ -165,6 +167,8 @@ class ModelRunner:
         for r in reqs:
             suppress = self._stop_ids(r) if len(r.output_ids) < r.params.min_new_tokens else None
             rows.append(SamplerRow(r.params, r.generator, r.output_ids, suppress))
+        # Masked before sampling, so logprobs are over what the grammar allows (as in SGLang).
+        self.grammars.mask(logits, [r.grammar for r in reqs])
         need_lp = [i for i, r in enumerate(reqs) if r.return_logprob]
         ids, logprobs = sample(logits, rows, self.original_logprob, need_logprobs=bool(need_lp))
         if need_lp:
@@ -179,9 +183,17 @@ class ModelRunner:
                 if r.top_logprobs_num > 0 and top_vals is not None:
                     k = r.top_logprobs_num
                     r.output_top_logprobs.append(list(zip(top_vals[i][:k], top_idx[i][:k], strict=True)))
-        for i, r in enumerate(reqs):
-            r.output_ids.append(ids[i])
-        return [self._finish_reason(r) for r in reqs]
+        reasons = []
+        for r, tok in zip(reqs, ids, strict=True):
+            r.output_ids.append(tok)
+            if r.grammar is not None and not r.grammar.accept(tok):
+                # Every token was masked (min_new_tokens banning the only stop the grammar allows).
+                reasons.append(
+                    failed(f"token {tok} is outside the request's grammar", 500, "InternalServerError")
+                )
+            else:
+                reasons.append(self._finish_reason(r))
+        return reasons
 
     def _stop_ids(self, r: Request) -> list[int]:
         stop = list(r.params.stop_token_ids)
@@ -194,6 +206,8 @@ class ModelRunner:
         n = len(r.output_ids)
         p = r.params
         if n >= p.min_new_tokens and ((tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids):
+            return stopped(tok)
+        if r.grammar is not None and r.grammar.terminated:
             return stopped(tok)
         if p.stop and n >= p.min_new_tokens and (matched := self._match_stop_string(r)) is not None:
             return stopped(matched)

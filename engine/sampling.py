@@ -55,7 +55,10 @@ KNOWN_KEYS: tuple[str, ...] = (
     "sampling_seed",
 )
 # Accepted for compatibility but not implemented here: a non-null value is refused loudly.
-UNSUPPORTED_KEYS = ("stop_regex", "json_schema", "regex", "ebnf", "structural_tag", "custom_params")
+UNSUPPORTED_KEYS = ("stop_regex", "custom_params")
+# Constraints (a JSON string, a regex, an EBNF grammar, an xgrammar structural tag), run by
+# `rlgw.engine.grammar`; SGLang refuses more than one of the first three.
+CONSTRAINT_KEYS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 @dataclass(slots=True)
@@ -81,6 +84,10 @@ class SamplingParams:
     stream_interval: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     sampling_seed: int | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -164,6 +171,11 @@ def parse_sampling_params(raw: dict | None) -> SamplingParams:
     seed = raw.get("sampling_seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise SamplingParamsError(f"sampling_params.sampling_seed must be an integer, got {seed!r}")
+    for key in CONSTRAINT_KEYS:
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise SamplingParamsError(
+                f"sampling_params.{key} must be a string, got {type(raw[key]).__name__}"
+            )
 
     p = SamplingParams(
         max_new_tokens=_num(raw, "max_new_tokens", int, 128),
@@ -185,6 +197,10 @@ def parse_sampling_params(raw: dict | None) -> SamplingParams:
         stream_interval=_num(raw, "stream_interval", int, None),
         logit_bias=bias,
         sampling_seed=seed,
+        json_schema=raw.get("json_schema"),
+        regex=raw.get("regex"),
+        ebnf=raw.get("ebnf"),
+        structural_tag=raw.get("structural_tag"),
     )
     _verify(p)
     return p
@@ -215,6 +231,8 @@ def _verify(p: SamplingParams) -> None:
         problems.append(f"n must be at least 1, got {p.n}.")
     if p.stream_interval is not None and p.stream_interval < 1:
         problems.append(f"stream_interval must be at least 1, got {p.stream_interval}.")
+    if sum(g is not None for g in (p.json_schema, p.regex, p.ebnf)) > 1:
+        problems.append("Only one of regex, json_schema, or ebnf can be set.")
     if problems:
         raise SamplingParamsError(" ".join(problems))
 
@@ -306,7 +324,12 @@ def sample(
         probs = logprobs[i].exp()
         if p.needs_filter:
             probs = _filtered_probs(probs, p)
-        ids.append(int(torch.multinomial(probs, 1, generator=row.generator)))
+        try:
+            ids.append(int(torch.multinomial(probs, 1, generator=row.generator)))
+        except RuntimeError:
+            # Every token masked (a grammar at odds with min_new_tokens): the argmax of -inf is id 0,
+            # which the caller's grammar refuses, failing this request alone instead of the batch.
+            ids.append(int(adjusted[i].argmax()))
     if original_logprob:
         logprobs = torch.log_softmax(logits, dim=-1)
     return ids, logprobs

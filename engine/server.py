@@ -26,9 +26,10 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from rlgw import __version__
 from rlgw.engine import weight_sync_routes
 from rlgw.engine.core import Engine
-from rlgw.engine.errors import EngineError, QueueFullError, RequestError, WeightUpdateError
+from rlgw.engine.errors import EngineError, GrammarError, QueueFullError, RequestError, WeightUpdateError
+from rlgw.engine.grammar import constraint_of
 from rlgw.engine.protocol import GenerateCall, abort_status, parse_generate, render
-from rlgw.engine.request import Request, Update
+from rlgw.engine.request import Request, Update, failed
 from rlgw.engine.scheduler import PAUSE_MODES
 
 log = logging.getLogger(__name__)
@@ -91,13 +92,23 @@ def _parse(engine: Engine, body: Any) -> GenerateCall:
     return parse_generate(body, engine.tokenizer.encode)
 
 
-def _start(engine: Engine, call: GenerateCall) -> tuple[list[Request], asyncio.Queue]:
-    """Check and submit every item of `call`; updates arrive on the returned queue as (index, Update)."""
+async def _start(engine: Engine, call: GenerateCall) -> tuple[list[Request], asyncio.Queue]:
+    """Check and submit every item of `call`; updates arrive on the returned queue as (index, Update).
+
+    A constraint that does not compile fails its item the way SGLang's scheduler does: the request
+    ends at once with a 400 abort (a 400 reply, or an error event in a stream).
+    """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     reqs = []
     for item in call.items:
         engine.check_request(item.input_ids, item.logprob_start_len)
+        grammar, refused = None, None
+        if (constraint := constraint_of(item.params)) is not None:
+            try:
+                grammar = await asyncio.to_thread(engine.grammar_matcher, constraint)
+            except GrammarError as exc:
+                refused = failed(str(exc), 400, "BadRequestError")
 
         def sink(update: Update, idx: int = item.index) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (idx, update))
@@ -112,6 +123,8 @@ def _start(engine: Engine, call: GenerateCall) -> tuple[list[Request], asyncio.Q
                 return_logprob=item.return_logprob,
                 logprob_start_len=item.logprob_start_len,
                 top_logprobs_num=item.top_logprobs_num,
+                grammar=grammar,
+                finish_reason=refused,
             )
         )
     engine.submit(reqs)
@@ -133,7 +146,7 @@ async def generate(request: HttpRequest) -> Response:
     engine = _engine(request)
     call = _parse(engine, await _body(request))
     try:
-        reqs, queue = _start(engine, call)
+        reqs, queue = await _start(engine, call)
     except QueueFullError as exc:
         return _error(str(exc), 503)
     if call.stream:
@@ -235,7 +248,7 @@ async def health_generate(request: HttpRequest) -> Response:
         return Response(status_code=200)
     try:
         call = _parse(engine, {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
-        reqs, queue = _start(engine, call)
+        reqs, queue = await _start(engine, call)
     except EngineError:
         return Response(status_code=503)
     try:

@@ -17,9 +17,9 @@ from tests.support.procs import FIXTURES, engine_server
 _rids = itertools.count()
 
 
-async def run_requests(engine, prompt: list[int], params: list[dict], **fields):
-    """Submit one request per `params` dict (same prompt and `Request` fields) to an in-process `Engine`;
-    returns the finished requests, in order."""
+async def run_requests(engine, prompt: list[int], params: list[dict], grammars: list | None = None, **fields):
+    """Submit one request per `params` dict (same prompt and `Request` fields; `grammars` gives each its
+    matcher) to an in-process `Engine`; returns the finished requests, in order."""
     from rlgw.engine.request import Request
     from rlgw.engine.sampling import parse_sampling_params
 
@@ -39,9 +39,10 @@ async def run_requests(engine, prompt: list[int], params: list[dict], **fields):
             input_ids=list(prompt),
             params=parse_sampling_params(p),
             sink=sink_for(done),
+            grammar=grammar,
             **fields,
         )
-        for p, done in zip(params, events, strict=True)
+        for p, done, grammar in zip(params, events, grammars or [None] * len(params), strict=True)
     ]
     engine.submit(reqs)
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)

@@ -57,7 +57,8 @@ def test_unknown_key_uses_serde_wording() -> None:
         {"max_new_tokens": "ten"},
         {"ignore_eos": "yes"},
         {"stop_token_ids": ["a"]},
-        {"regex": "a+"},
+        {"regex": "a+", "ebnf": 'root ::= "a"'},
+        {"json_schema": {"type": "object"}},
         {"sampling_seed": 1.5},
     ],
 )

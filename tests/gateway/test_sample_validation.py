@@ -160,6 +160,49 @@ def test_a_non_finite_reward_has_its_own_reason(reward: float) -> None:
     assert rejected(sample(reward=reward)) is RejectReason.BAD_REWARD
 
 
+def assert_same(got: Sample, want: Sample) -> None:
+    for name in ("tokens", "loss_mask", "rollout_log_probs", *TEACHER):
+        g, w = getattr(got, name), getattr(want, name)
+        assert (g is None) == (w is None), name
+        if w is not None:
+            assert g.dtype == w.dtype and g.shape == w.shape, name
+            np.testing.assert_array_equal(g, w, err_msg=name)
+    for name in ("response_length", "reward", "status", "rollout_id", "group_index", "weight_versions"):
+        assert getattr(got, name) == getattr(want, name), name
+    assert got.metadata == want.metadata
+
+
+TEACHER = ("teacher_log_probs", "teacher_topk_indices", "teacher_topk_logprobs")
+
+
+def test_the_wire_form_round_trips_with_and_without_teacher_fields() -> None:
+    plain = sample(group_index=3, metadata={"segment": 1}, status=SampleStatus.TRUNCATED, reward=None)
+    doc = plain.to_dict()
+    assert isinstance(doc["tokens"], list) and doc["status"] == "truncated" and doc["group_index"] == 3
+    assert doc["weight_versions"] == [
+        {"version": "v1", "start": 0, "end": 5},
+        {"version": "v2", "start": 5, "end": 7},
+    ]
+    assert not set(TEACHER) & set(doc)  # absent teacher fields are left out, not null
+    assert_same(Sample.from_dict(doc), plain)
+
+    k = 2
+    teacher = sample(
+        teacher_log_probs=np.linspace(-1, 0, len(RESPONSE), dtype=np.float32),
+        teacher_topk_indices=np.arange(len(RESPONSE) * k, dtype=np.int32).reshape(-1, k),
+        teacher_topk_logprobs=-np.ones((len(RESPONSE), k), dtype=np.float32),
+    )
+    arrays = teacher.to_dict(numpy=True)
+    assert all(isinstance(arrays[n], np.ndarray) for n in ("tokens", "loss_mask", *TEACHER))
+    assert_same(Sample.from_dict(teacher.to_dict()), teacher)
+    # A minimal document (no group index, spans, metadata or teacher fields) gets the defaults.
+    minimal = {
+        k: v for k, v in plain.to_dict().items() if k not in ("group_index", "weight_versions", "metadata")
+    }
+    got = Sample.from_dict(minimal)
+    assert (got.group_index, got.weight_versions, got.metadata) == (0, [], {})
+
+
 def test_every_reason_that_validate_sample_gives_has_a_test_here() -> None:
     # capture_invalid is the finish path's, for passthrough sessions (see the module docstring).
     tested = {

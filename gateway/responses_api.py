@@ -10,6 +10,7 @@ OpenAI's format, the gateway's default.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -95,17 +96,14 @@ async def responses(request: Request, session: Session) -> Response:
     head = stream.feed(first)
     events = _remembered(translate_chunks(head[1:], chunks, stream.feed), stream, session, req, items)
     return StreamingResponse(
-        sse_stream(head[0], events, encode=named_event, error=_in_stream_error, done=b""),
+        sse_stream(head[0], events, encode=named_event, error=partial(_failed, stream), done=b""),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
-def _in_stream_error(exc: APIError) -> bytes:
-    err = exc.body()["error"]
-    return named_event(
-        {"type": "error", "code": err["code"], "message": err["message"], "param": err["param"]}
-    )
+def _failed(stream: rt.ResponseStream, exc: APIError) -> bytes:
+    return b"".join(named_event(e) for e in stream.fail(exc.body()["error"]))
 
 
 @router.post("/s/{session_id}/v1/responses")

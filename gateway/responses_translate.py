@@ -374,6 +374,21 @@ class ResponseStream:
                 events += self._close()
         return events
 
+    def fail(self, error: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events that end a stream whose turn failed (OpenAI's error body `error`):
+        `error`, then `response.failed` with the items finished so far."""
+        code, message = error.get("code") or error.get("type"), error.get("message", "")
+        events = [self._event("error", code=code, message=message, param=error.get("param"))]
+        if self._shell is not None:
+            # A Response's error code is one of OpenAI's enum; the gateway's own code is in `error`.
+            failed = {
+                **self._shell,
+                "status": "failed",
+                "error": {"code": "server_error", "message": message},
+            }
+            events.append(self._event("response.failed", response={**failed, "output": self.output}))
+        return events
+
     @property
     def _rid(self) -> str:
         assert self._shell is not None

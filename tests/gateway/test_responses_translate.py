@@ -173,3 +173,12 @@ def test_stream_events_accumulate_in_the_sdk_to_the_plain_response(calls: bool) 
     assert stream.response is not None and stream.response["output"] == plain["output"]
     assert state._completed_response is not None
     assert [i.id for i in state._completed_response.output] == [i["id"] for i in plain["output"]]
+
+
+def test_a_failed_stream_ends_with_error_and_response_failed_in_the_sdks_types() -> None:
+    stream = rt.ResponseStream(rt.ResponsesRequest.model_validate({"input": "x", "stream": True}))
+    events = [e for chunk in sc.chunks()[:3] for e in stream.feed(chunk)]
+    events += stream.fail({"message": "engine gone", "type": "upstream_error", "param": None, "code": None})
+    parsed = [TypeAdapter(ResponseStreamEvent).validate_python(e) for e in events]
+    assert [e.type for e in parsed[-2:]] == ["error", "response.failed"]
+    assert parsed[-1].response.status == "failed" and parsed[-1].response.error.message == "engine gone"

@@ -70,11 +70,16 @@ class RateLimited(APIError):
         super().__init__(message, code=code)
         self.retry_after = max(1, math.ceil(retry_after))
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The response headers this error needs (any surface's error format should send them)."""
+        return {"Retry-After": str(self.retry_after)}
+
 
 async def handle_rate_limited(request: Request, exc: Exception) -> Response:
     """FastAPI handler: `RateLimited` -> 429, OpenAI body, `Retry-After` in whole seconds."""
     assert isinstance(exc, RateLimited)
-    return json_response(exc.status, exc.body(), headers={"Retry-After": str(exc.retry_after)})
+    return json_response(exc.status, exc.body(), headers=exc.headers)
 
 
 class TokenWindow:

@@ -28,6 +28,7 @@ from tests.support.procs import serve_in_thread
 TENANT_KEY = "fuzz-tenant-key-0123456789"
 ADMIN_KEY = "fuzz-admin-key-0123456789"
 CONTEXT = 2048
+VOCAB = 4026  # tiny-qwen3's
 CAPS = RequestCaps(max_body_bytes=256 * 1024, max_messages=64, max_tools=8)
 
 
@@ -115,19 +116,32 @@ def test_a_prompt_over_the_models_context_is_refused_and_changes_nothing(
     assert after["tokens"] == before["tokens"]
 
 
+# Defects the fuzz found in other areas, pinned here until they are fixed (strict: a fix turns
+# them into failures, so whoever fixes one removes its mark and its carve-out in the fuzz).
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="found by the fuzz: /v1/completions records prompt ids outside the vocabulary (the sample "
-    "is rejected only at finish, as bad_token); it should answer 400 naming `prompt`",
+    reason="found by the fuzz: /v1/completions takes prompt ids outside the vocabulary (recorded, "
+    "rejected only at finish as bad_token) and ids past int32 are a 500; both should be a 400 on `prompt`",
 )
-def test_completions_refuses_token_ids_outside_the_vocabulary(gw: str) -> None:
+@pytest.mark.parametrize("bad_id", [VOCAB, 2**40, -1])
+def test_completions_refuses_token_ids_outside_the_vocabulary(gw: str, bad_id: int) -> None:
     s = httpx.post(gw + "/v1/sessions", json={"task_id": "ids"}, headers=_bearer(TENANT_KEY)).json()
     r = httpx.post(
         s["base_url"] + "/completions",
-        json={"prompt": [1, 2, 10**9], "max_tokens": 4},
+        json={"prompt": [1, 2, bad_id], "max_tokens": 4},
         headers=_bearer(s["api_key"]),
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.xfail(
+    strict=True, reason="found by the fuzz: the viewer's /ui/runs/{cursor} answers 500 on a cursor past int64"
+)
+def test_viewer_refuses_a_cursor_past_int64(gw: str) -> None:
+    r = httpx.get(gw + f"/ui/runs/{2**70}", headers=_bearer(TENANT_KEY))
+    assert r.status_code in (400, 404)
 
 
 # ---------------------------------------------------------------- the fuzz
@@ -149,6 +163,13 @@ def _document(gw: str) -> dict[str, Any]:
         [(m, "validation") for m in BODIES.values()], ref_template="#/components/schemas/{model}"
     )
     doc.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+    # Carve-out until the completions defect pinned above is fixed: ids stay in the vocabulary.
+    prompt = doc["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]
+    for option in prompt["anyOf"]:
+        if option.get("type") == "array":
+            option["items"] = {"type": "integer", "minimum": 0, "maximum": VOCAB - 1}
+    # The viewer's HTML pages are left out for the same reason (its cursor defect, pinned above).
+    doc["paths"] = {p: ops for p, ops in doc["paths"].items() if not p.startswith("/ui")}
     for path, ops in doc["paths"].items():
         model = next((m for suffix, m in BODIES.items() if path.endswith("/v1" + suffix)), None)
         if model is not None:
@@ -202,8 +223,5 @@ def test_fuzz_finds_no_5xx_and_leaves_sessions_usable(gw: str, session: dict[str
         gw + f"/v1/sessions/{session['session_id']}/finish", json={"reward": 1.0}, headers=_bearer(TENANT_KEY)
     )
     assert done.status_code == 200, done.text
-    assert done.json()["samples"]
-    # The only rejects allowed are the out-of-vocabulary prompt ids the completions surface lets
-    # through today (see the xfail below); anything else is a ledger the fuzz corrupted.
-    assert {r["reason"] for r in done.json()["rejects"]} <= {"bad_token"}
+    assert done.json()["samples"] and not done.json()["rejects"]
     print(sorted((k, sorted(v)) for k, v in seen.items()))  # shown with -s: what the run reached

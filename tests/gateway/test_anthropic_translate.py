@@ -211,3 +211,10 @@ def test_stream_events_follow_anthropics_sequence_and_accumulate_to_the_plain_re
     got = snapshot.to_dict()
     for key in ("id", "content", "stop_reason", "stop_sequence", "usage"):
         assert got[key] == plain[key], key
+
+
+def test_a_reply_validates_as_the_sdks_message_type() -> None:
+    from anthropic.types import Message
+
+    msg = Message.model_validate(at.message(sc.completion()))
+    assert [b.type for b in msg.content] == ["thinking", "text", "tool_use", "tool_use"]

@@ -182,3 +182,16 @@ def test_a_failed_stream_ends_with_error_and_response_failed_in_the_sdks_types()
     parsed = [TypeAdapter(ResponseStreamEvent).validate_python(e) for e in events]
     assert [e.type for e in parsed[-2:]] == ["error", "response.failed"]
     assert parsed[-1].response.status == "failed" and parsed[-1].response.error.message == "engine gone"
+
+
+@pytest.mark.parametrize("finish", ["tool_calls", "length"])
+def test_a_response_validates_as_the_sdks_response_type(finish: str) -> None:
+    from openai.types.responses import Response
+
+    req = rt.ResponsesRequest.model_validate(
+        {"input": "x", "tools": [{"type": "function", "name": "get_weather"}]}
+    )
+    doc = Response.model_validate(rt.response(req, sc.completion(finish_reason=finish)))
+    assert doc.output_text == "Let me check." and doc.status == (
+        "incomplete" if finish == "length" else "completed"
+    )

@@ -202,6 +202,13 @@ def test_stream_events_follow_anthropics_sequence_and_accumulate_to_the_plain_re
         ("message_delta", None, None),
         ("message_stop", None, None),
     ]
+    # Each event is one of the SDK's stream event types, strictly validated.
+    from anthropic.types import RawMessageStreamEvent
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(RawMessageStreamEvent)
+    for e in events:
+        adapter.validate_python(e)
     # The SDK's own accumulator turns the events into the message the plain reply is.
     snapshot, bufs = None, {}
     for e in events:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -60,9 +61,15 @@ async def sync_loop(app: FastAPI) -> None:
     state = app.state
     while True:
         await asyncio.sleep(SYNC_INTERVAL_S)
-        if await asyncio.to_thread(state.tenant_store.changed):
-            n = await asyncio.to_thread(apply_tenants, state.tenant_store, state.tenant_keys, state.limits)
-            log.info("tenants reloaded", extra={"fields": {"tenants": n}})
+        try:
+            if await asyncio.to_thread(state.tenant_store.changed):
+                n = await asyncio.to_thread(
+                    apply_tenants, state.tenant_store, state.tenant_keys, state.limits
+                )
+                log.info("tenants reloaded", extra={"fields": {"tenants": n}})
+        except sqlite3.Error as exc:
+            # A busy or briefly unreadable file: keep the tables as they are and try again.
+            log.warning("tenant store unreadable", extra={"fields": {"error": str(exc)}})
 
 
 async def _reload(request: Request) -> None:

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -236,3 +237,24 @@ def test_tenant_key_file_stays_hashed_on_disk(gw: Gateway) -> None:
     rows = conn.execute("SELECT * FROM tenants WHERE name = 'disk'").fetchall()
     conn.close()
     assert rows and key not in repr(rows) and key_digest(key) in [r[1] for r in rows]
+
+
+def test_gateways_on_one_data_dir_follow_each_others_changes(gw: Gateway, fe: FaultEngine) -> None:
+    env = {"RLGW_TENANT_KEYS": STATIC, "RLGW_ADMIN_KEY": ADMIN_KEY}
+    with gateway(fe.url, gw.data_dir.parent, env=env) as other:
+        key = _add(gw, "shared")
+
+        def status_on_other() -> int:
+            r = httpx.post(other.url + "/v1/sessions", json={"task_id": "t"}, headers=_bearer(key))
+            return r.status_code
+
+        _eventually(lambda: status_on_other() == 200)
+        assert httpx.delete(gw.url + "/admin/tenants/shared", headers=ADMIN).status_code == 200
+        _eventually(lambda: status_on_other() == 401)
+
+
+def _eventually(check: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "the other gateway did not pick the change up"
+        time.sleep(0.25)

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
+from anthropic.types import Message, RawMessageStreamEvent
+from pydantic import TypeAdapter
 
 from rlgw.gateway import anthropic_translate as at
 from rlgw.gateway.errors import InvalidRequest
@@ -203,9 +205,6 @@ def test_stream_events_follow_anthropics_sequence_and_accumulate_to_the_plain_re
         ("message_stop", None, None),
     ]
     # Each event is one of the SDK's stream event types, strictly validated.
-    from anthropic.types import RawMessageStreamEvent
-    from pydantic import TypeAdapter
-
     adapter = TypeAdapter(RawMessageStreamEvent)
     for e in events:
         adapter.validate_python(e)
@@ -221,7 +220,5 @@ def test_stream_events_follow_anthropics_sequence_and_accumulate_to_the_plain_re
 
 
 def test_a_reply_validates_as_the_sdks_message_type() -> None:
-    from anthropic.types import Message
-
     msg = Message.model_validate(at.message(sc.completion()))
     assert [b.type for b in msg.content] == ["thinking", "text", "tool_use", "tool_use"]

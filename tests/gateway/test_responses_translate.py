@@ -7,7 +7,7 @@ from typing import Any
 import openai
 import pytest
 from openai.lib.streaming.responses._responses import ResponseStreamState
-from openai.types.responses import ResponseStreamEvent
+from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from rlgw.gateway import responses_translate as rt
@@ -186,8 +186,6 @@ def test_a_failed_stream_ends_with_error_and_response_failed_in_the_sdks_types()
 
 @pytest.mark.parametrize("finish", ["tool_calls", "length"])
 def test_a_response_validates_as_the_sdks_response_type(finish: str) -> None:
-    from openai.types.responses import Response
-
     req = rt.ResponsesRequest.model_validate(
         {"input": "x", "tools": [{"type": "function", "name": "get_weather"}]}
     )

@@ -53,7 +53,11 @@ CORE: dict[str, list[str]] = {
         "tests/gateway/test_ledger.py",
         "tests/gateway/test_store.py",
     ],
-    "gateway/ledger.py": ["tests/gateway/test_ledger.py", "tests/gateway/test_history_rules.py"],
+    "gateway/ledger.py": [
+        "tests/gateway/test_ledger.py",
+        "tests/gateway/test_ledger_edges.py",
+        "tests/gateway/test_history_rules.py",
+    ],
     "gateway/render.py": ["tests/gateway/test_render.py"],
     "gateway/store.py": ["tests/gateway/test_store.py", "tests/gateway/test_store_durability.py"],
     "sync/delta.py": ["tests/sync/test_delta.py", "tests/sync/test_delta_digest.py"],

@@ -1,4 +1,4 @@
-"""`rlgw tenants add|list|revoke`: manage a running gateway's tenants through its admin API.
+"""`rlgw tenants add|list|limits|revoke`: manage a running gateway's tenants through its admin API.
 
 It talks HTTP to `/admin/tenants` rather than writing the data dir's tenant file: the running
 gateway applies a change at once (a revoked key stops on the next request), the admin key is
@@ -19,6 +19,7 @@ EXAMPLES = """examples:
   export RLGW_ADMIN_KEY=...                      # or --admin-key-file /run/secrets/rlgw-admin
   rlgw tenants add team-a --open-sessions 512 --in-flight 256 --tokens-per-minute 2000000
   rlgw tenants list
+  rlgw tenants limits team-a --in-flight 64         # replaces team-a's own limits; its key stays
   rlgw tenants revoke team-a
   rlgw tenants --url http://gw:8000 list         # another gateway (default: $RLGW_URL or :8000)
 """
@@ -42,15 +43,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     add = actions.add_parser("add", help="create a tenant; prints its API key once")
     add.add_argument("name", help="tenant name: letters, digits, '.', '_', '-' (at most 64)")
-    add.add_argument("--open-sessions", type=int, help="its open-session limit (default: the gateway's)")
-    add.add_argument("--in-flight", type=int, help="its requests-in-flight limit (default: the gateway's)")
-    add.add_argument(
-        "--tokens-per-minute", type=int, help="its generated tokens per minute (default: the gateway's)"
-    )
+    _limit_args(add)
     actions.add_parser("list", help="tenants with their limits and current use")
+    limits = actions.add_parser(
+        "limits", help="replace a tenant's own limits (unset: the gateway's defaults)"
+    )
+    limits.add_argument("name")
+    _limit_args(limits)
     revoke = actions.add_parser("revoke", help="delete a tenant: its key stops working at once")
     revoke.add_argument("name")
     p.set_defaults(func=run)
+
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--open-sessions", type=int, help="its open-session limit (default: the gateway's)")
+    p.add_argument("--in-flight", type=int, help="its requests-in-flight limit (default: the gateway's)")
+    p.add_argument(
+        "--tokens-per-minute", type=int, help="its generated tokens per minute (default: the gateway's)"
+    )
 
 
 def _admin_key(args: argparse.Namespace) -> str:
@@ -67,13 +77,15 @@ def run(args: argparse.Namespace) -> int:
     base = args.url.rstrip("/") + "/admin/tenants"
     headers = {"Authorization": f"Bearer {_admin_key(args)}"}
     try:
+        limits = {
+            "open_sessions": getattr(args, "open_sessions", None),
+            "in_flight": getattr(args, "in_flight", None),
+            "tokens_per_minute": getattr(args, "tokens_per_minute", None),
+        }
         if args.action == "add":
-            limits = {
-                "open_sessions": args.open_sessions,
-                "in_flight": args.in_flight,
-                "tokens_per_minute": args.tokens_per_minute,
-            }
             r = httpx.post(base, json={"name": args.name, "limits": limits}, headers=headers, timeout=30)
+        elif args.action == "limits":
+            r = httpx.put(f"{base}/{args.name}/limits", json=limits, headers=headers, timeout=30)
         elif args.action == "list":
             r = httpx.get(base, headers=headers, timeout=30)
         else:

@@ -1,4 +1,4 @@
-"""The admin HTTP API: add, list and revoke tenants (`/admin/tenants`), with the admin key.
+"""The admin HTTP API: add, list, re-limit and revoke tenants (`/admin/tenants`), with the admin key.
 
 Changes go to the tenant store first and then into this process's key and limit tables, so a
 new key works on the next request and a revoked one stops at once. Other gateway processes
@@ -105,6 +105,17 @@ async def list_tenants(request: Request) -> Response:
         for t in tenants
     ]
     return json_response(200, {"object": "list", "data": data})
+
+
+@router.put("/tenants/{name}/limits")
+async def set_tenant_limits(request: Request, name: str, body: LimitsBody) -> Response:
+    """Replace a tenant's own limits (null fields: the gateway's defaults); its key is unchanged."""
+    wanted = Limits(body.open_sessions, body.in_flight, body.tokens_per_minute)
+    if not await asyncio.to_thread(request.app.state.tenant_store.set_limits, name, wanted):
+        raise NotFound(f"no tenant {name!r}", param="name", code="tenant_not_found")
+    await _reload(request)
+    log.info("tenant limits set", extra={"fields": {"tenant": name, **wanted.to_dict()}})
+    return json_response(200, {"name": name, "limits": wanted.to_dict()})
 
 
 @router.delete("/tenants/{name}")

@@ -106,6 +106,15 @@ class TenantStore:
             raise Conflict(f"tenant {name!r} exists", param="name", code="tenant_exists") from None
         return tenant, key
 
+    def set_limits(self, name: str, limits: Limits) -> bool:
+        """Replace tenant `name`'s own limits (its key is unchanged); False if there is no such tenant."""
+        with self._lock:
+            cur = self._conn.execute(
+                "UPDATE tenants SET open_sessions = ?, in_flight = ?, tokens_per_minute = ? WHERE name = ?",
+                (limits.open_sessions, limits.in_flight, limits.tokens_per_minute, name),
+            )
+        return cur.rowcount > 0
+
     def revoke(self, name: str) -> bool:
         """Delete tenant `name` (its key stops working); False if there was none."""
         with self._lock:

@@ -58,6 +58,8 @@ def test_tenant_store_keeps_only_digests(tmp_path: Path) -> None:
     reopened = TenantStore.open(tmp_path)
     [again] = reopened.list()
     assert (again.name, again.limits, again.key_digest) == ("team-a", Limits(3, None, None), key_digest(key))
+    assert reopened.set_limits("team-a", Limits(in_flight=5)) and not reopened.set_limits("x", Limits())
+    assert reopened.list()[0].limits == Limits(None, 5, None)
     assert reopened.revoke("team-a") and not reopened.revoke("team-a")
     assert reopened.list() == []
 
@@ -169,6 +171,13 @@ def test_cli_adds_lists_and_revokes(gw: Gateway, tmp_path: Path) -> None:
     assert listed.returncode == 0, listed.stderr
     row = next(t for t in json.loads(listed.stdout)["data"] if t["name"] == "cli-team")
     assert row["limits"]["tokens_per_minute"] == 5000
+    relimited = cli("limits", "cli-team", "--in-flight", "2", env={"RLGW_ADMIN_KEY": ADMIN_KEY})
+    assert relimited.returncode == 0, relimited.stderr
+    listed = json.loads(cli("list", env={"RLGW_ADMIN_KEY": ADMIN_KEY}).stdout)["data"]
+    row = next(t for t in listed if t["name"] == "cli-team")
+    assert row["limits"] == {"open_sessions": None, "in_flight": 2, "tokens_per_minute": None}
+    assert _session(gw, key)["session_id"]  # the key is unchanged
+    assert cli("limits", "nobody", env={"RLGW_ADMIN_KEY": ADMIN_KEY}).returncode == 1
     assert cli("list").returncode != 0  # no admin key anywhere: refused before any request
     denied = cli("list", env={"RLGW_ADMIN_KEY": "wrong"})
     assert denied.returncode == 1 and "401" in denied.stderr

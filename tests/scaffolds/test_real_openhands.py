@@ -82,3 +82,17 @@ async def test_v1_timeout(real_gateway: str, v1: OpenHandsScaffold, tmp_path: Pa
     r = run.result
     assert r.failed_stage is None and r.termination is R.TIMEOUT, (r.error, r.output_tail[-2000:])
     assert r.reward == UNSOLVED_REWARD and run.leftovers == []
+
+
+async def test_v0_max_turns(real_gateway: str, v0: OpenHandsScaffold, tmp_path: Path) -> None:
+    run = await run_real(real_gateway, v0, TASKS["count"], tmp_path, max_turns=2, agent_timeout_s=400,
+                         sampling={"temperature": 0.6, "max_tokens": 128})  # fmt: skip
+    print(report_line("openhands-v0", "count max_turns", run))
+    assert_plumbing(run, R.MAX_TURNS, min_calls=2)
+
+
+async def test_v0_timeout(real_gateway: str, v0: OpenHandsScaffold, tmp_path: Path) -> None:
+    run = await run_real(real_gateway, v0, TASKS["hello"], tmp_path, max_turns=100, agent_timeout_s=120,
+                         sampling={"max_tokens": 128})  # fmt: skip
+    print(report_line("openhands-v0", "hello timeout", run))
+    assert_plumbing(run, R.TIMEOUT)

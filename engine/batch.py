@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from rlgw.engine.core import Request
+    from rlgw.engine.request import Request
 
 
 class BatchCache:

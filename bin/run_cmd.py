@@ -11,6 +11,8 @@ EXAMPLE = """example:
       --gateway-url http://127.0.0.1:8000 --model tiny --max-turns 4
   rlgw run ... --ray local         # the same tasks as Ray tasks (or --ray ray://head:10001)
   rlgw run ... --sandbox rock      # ROCK sandboxes (ROCK_BASE_URL, ROCK_API_KEY, ROCK_IMAGE)
+  rlgw run --scaffold openhands --scaffold-option version='"v1"' \\
+      --scaffold-option venv='"/opt/openhands-venv"' --sampling '{"temperature": 0.7}' ...
 """
 
 
@@ -33,6 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-openai-url", default=None, help="eval only: an OpenAI-compatible engine URL")
     p.add_argument("--model", default="default", help="model name the agent sends")
     p.add_argument("--max-turns", type=int, default=10)
+    p.add_argument("--sampling", default=None, metavar="JSON",
+                   help="sampling (OpenAI names) for the session and the agent's own settings, "
+                        "e.g. '{\"temperature\": 0.7}'")  # fmt: skip
     p.add_argument("--agent-timeout", type=float, default=1800.0, help="seconds per agent run")
     p.add_argument("--install-timeout", type=float, default=900.0)
     p.add_argument("--sandbox", choices=("local", "rock"), default="local")
@@ -71,6 +76,14 @@ def run(args: argparse.Namespace) -> int:
             options[key] = value
     if args.scaffold == "rlgw-mini" and args.sandbox == "local":
         options.setdefault("python", sys.executable)  # the local sandbox shares this interpreter
+    try:
+        sampling = json.loads(args.sampling) if args.sampling else None
+    except json.JSONDecodeError as e:
+        print(f"rlgw run: --sampling is not JSON: {e}", file=sys.stderr)
+        return 2
+    if sampling is not None and not isinstance(sampling, dict):
+        print("rlgw run: --sampling must be a JSON object", file=sys.stderr)
+        return 2
     if args.mode == "capture" and not args.gateway_url:
         print("rlgw run: --mode capture needs --gateway-url", file=sys.stderr)
         return 2
@@ -86,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             max_turns=args.max_turns,
             agent_timeout_s=args.agent_timeout,
             install_timeout_s=args.install_timeout,
+            sampling=sampling,
             engine_openai_url=args.engine_openai_url,
             artifacts_dir=Path(args.artifacts_dir) if args.artifacts_dir else None,
         ),

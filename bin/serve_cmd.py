@@ -81,6 +81,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="start even if the template probe finds increments that differ from full renders",
     )
     p.add_argument(
+        "--journal-sync",
+        default="normal",
+        choices=["normal", "full"],
+        help="session journal durability: normal survives a killed gateway, full also power loss "
+        "(an fsync per turn)",
+    )
+    p.add_argument(
         "--session-ttl", type=float, default=6 * 3600.0, help="seconds after which an idle session is dropped"
     )
     p.add_argument("--public-url", help="base URL agents reach this gateway at (for session base_url)")
@@ -223,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
             default_policy=Policy(args.policy),
             served_model_name=args.served_model_name,
             allow_template_mismatch=args.allow_template_mismatch,
+            journal_sync=args.journal_sync,
             session_ttl=args.session_ttl,
             admin_key=_admin_key(args),
             default_limits=Limits(args.max_open_sessions, args.max_in_flight, args.max_tokens_per_minute),

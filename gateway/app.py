@@ -35,6 +35,7 @@ from rlgw.gateway import (
 from rlgw.gateway.backend import SGLangBackend
 from rlgw.gateway.body_limits import BodyLimitMiddleware, RequestCaps
 from rlgw.gateway.errors import StartupError, UpstreamError, install_error_handlers, json_response
+from rlgw.gateway.journal import SessionJournal
 from rlgw.gateway.ledger import Policy
 from rlgw.gateway.limits import Limits, LimitsMiddleware, LimitTable, RateLimited, handle_rate_limited
 from rlgw.gateway.metrics import MeteredBackend, MetricsMiddleware
@@ -65,6 +66,8 @@ class GatewayConfig:
     served_model_name: str | None = None
     engine_wait: float = 600.0  # seconds to wait for the engine at start-up
     session_ttl: float = 6 * 3600.0  # forget sessions idle this long (nothing is stored for them)
+    # The session journal's durability: "normal" survives a killed process, "full" power loss too.
+    journal_sync: str = "normal"
     # Start even when the template probe finds that increments differ from full renders.
     allow_template_mismatch: bool = False
     admin_key: str | None = None  # manages tenants (/admin/tenants); from env or a file, never argv
@@ -89,6 +92,8 @@ async def _sweep_sessions(app: FastAPI, ttl: float) -> None:
         await asyncio.sleep(min(60.0, ttl / 4))
         for session in app.state.sessions.expired(ttl):
             app.state.sessions.remove(session.id)
+            if app.state.sessions.journal is not None:
+                await app.state.sessions.journal.closed(session.id)
             log.warning(
                 "idle session dropped",
                 extra={
@@ -150,6 +155,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
             # Everything loaded so far (tokenizer, template, modules) lives as long as the process:
             # keep it out of the cyclic collector's generations so collections stay cheap.
             gc.freeze()
+            restored = app.state.sessions.restore_all()
+            if restored:
+                log.info("sessions restored from the journal", extra={"fields": {"sessions": restored}})
             sweeper = asyncio.create_task(_sweep_sessions(app, config.session_ttl))
             tenant_sync = asyncio.create_task(admin_api.sync_loop(app))
             yield
@@ -159,9 +167,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
             await backend.aclose()
             await store.close()
             tenant_store.close()
+            journal.close()
 
     app = FastAPI(title="rlgw", lifespan=lifespan)
-    app.state.sessions = SessionTable()
+    journal = SessionJournal.open(config.data_dir, sync=config.journal_sync)
+    app.state.sessions = SessionTable(journal)
     app.state.tenant_keys = KeyTable()
     for key, tenant in config.tenant_keys.items():
         app.state.tenant_keys.add(key, tenant)

@@ -243,7 +243,7 @@ def _check_calls(params: ChatParams, parsed: ParsedOutput) -> None:
         )
 
 
-def _commit(
+async def _commit(
     profile: ModelProfile,
     turn: Turn,
     plan: Plan,
@@ -253,7 +253,7 @@ def _commit(
     response_id: str,
     overridden: dict[str, Any],
 ) -> None:
-    commit(
+    await commit(
         profile,
         turn,
         plan,
@@ -292,7 +292,7 @@ async def run_chat(
         _check_calls(params, parsed)
         call_ids = [tool_call_id() for _ in parsed.tool_calls]
         response_id = "chatcmpl-" + uuid.uuid4().hex
-        _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
+        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
     lps = (
         token_logprobs(profile, result.output_ids, result.logprobs, result.top_logprobs)
         if params.logprobs
@@ -339,7 +339,7 @@ async def stream_chat(
             raise RuntimeError("the engine stream ended without a result")
         parsed = decoder.parser.result()
         _check_calls(params, parsed)
-        _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
+        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
     yield ChatTurn(response_id, created, parsed, call_ids, result, len(plan.input_ids), pending or None)
 
 

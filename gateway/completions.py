@@ -208,7 +208,7 @@ async def _turn(request: Request, session: Session) -> Response:
                     yield doc({"index": 0, "text": piece, "logprobs": lp, "finish_reason": None})
             if result is None:
                 raise RuntimeError("the engine stream ended without a result")
-            finish(turn, plan, result, text, overridden)
+            await finish(turn, plan, result, text, overridden)
         yield doc({"index": 0, "text": "", "logprobs": None, "finish_reason": _finish(result)})
         if (req.stream_options or {}).get("include_usage"):
             yield {**doc({}), "choices": [], "usage": usage(plan, result)}
@@ -225,7 +225,7 @@ async def _turn(request: Request, session: Session) -> Response:
             trim = StopTrimmer(stops)
             text = trim.feed(profile.tokenizer.decode(result.output_ids, skip_special_tokens=True))
             text += trim.close(result.finish_reason.get("matched"))
-            finish(turn, plan, result, text, overridden)
+            await finish(turn, plan, result, text, overridden)
         choice = {
             "index": 0,
             "text": text,

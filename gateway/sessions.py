@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgw.gateway.errors import Conflict, NotFound
+from rlgw.gateway.journal import JournaledSession, SessionJournal
 from rlgw.gateway.ledger import Ledger, Policy
-from rlgw.gateway.tenants import KeyTable
+from rlgw.gateway.tenants import KeyTable, key_digest
 
 
 class Mode(enum.StrEnum):
@@ -57,6 +58,23 @@ class Session:
     # Responses API: response id -> the conversation items up to and including that response, so a
     # follow-up with `previous_response_id` can send only its new items.
     conversations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    journal: SessionJournal | None = None  # where its committed turns are made durable
+
+    def settings(self) -> dict[str, Any]:
+        """What the journal keeps to restore the session (everything but its turns)."""
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "task_id": self.task_id,
+            "mode": str(self.mode),
+            "rollout_id": self.rollout_id,
+            "group_index": self.group_index,
+            "policy": str(self.policy),
+            "metadata": self.metadata,
+            "sampling": self.sampling,
+            "sampling_precedence": self.sampling_precedence,
+            "created_at": self.created_at,
+        }
 
     def describe(self) -> dict[str, Any]:
         """The public view of the session (no key)."""
@@ -87,10 +105,11 @@ class Session:
 class SessionTable:
     """All open sessions of this replica, by id and by key."""
 
-    def __init__(self) -> None:
+    def __init__(self, journal: SessionJournal | None = None) -> None:
         self._sessions: dict[str, Session] = {}
         self._keys = KeyTable()
-        self._key_of: dict[str, str] = {}
+        self._key_of: dict[str, bytes] = {}  # session id -> its key's digest
+        self.journal = journal
 
     def create(
         self,
@@ -120,15 +139,66 @@ class SessionTable:
             sampling=sampling,
             sampling_precedence=sampling_precedence or ("session" if mode is Mode.CAPTURE else "request"),
             ledger=Ledger() if mode is Mode.CAPTURE else None,
+            journal=self.journal,
         )
-        self._sessions[sid] = session
-        self._keys.add(key, sid)
-        self._key_of[sid] = key
+        self._hold(session, key_digest(key))
         return session, key
+
+    def key_digest_of(self, session_id: str) -> bytes:
+        """The digest of the session's key (what the journal keeps)."""
+        return self._key_of[session_id]
+
+    def _hold(self, session: Session, digest: bytes) -> None:
+        self._sessions[session.id] = session
+        self._keys.add_digest(digest, session.id)
+        self._key_of[session.id] = digest
+
+    def restore(self, saved: JournaledSession) -> Session:
+        """Hold a session the journal kept: its settings, its key, and its turns replayed."""
+        from rlgw.gateway.turn import apply_record  # turn.py builds on this module
+
+        doc = saved.doc
+        mode = Mode(doc["mode"])
+        session = Session(
+            id=doc["id"],
+            tenant=doc["tenant"],
+            task_id=doc["task_id"],
+            mode=mode,
+            rollout_id=doc["rollout_id"],
+            group_index=doc["group_index"],
+            policy=Policy(doc["policy"]),
+            metadata=doc["metadata"],
+            sampling=doc["sampling"],
+            sampling_precedence=doc["sampling_precedence"],
+            created_at=doc["created_at"],
+            ledger=Ledger() if mode is Mode.CAPTURE else None,
+            journal=self.journal,
+        )
+        for record in saved.turns:
+            apply_record(session, record)
+            session.turns += 1
+        self._hold(session, saved.key_digest)
+        return session
+
+    def restore_all(self) -> int:
+        """Hold every session the journal kept (at start-up); returns how many."""
+        if self.journal is None:
+            return 0
+        saved = self.journal.load_all()
+        for s in saved:
+            self.restore(s)
+        return len(saved)
+
+    def _from_journal(self, session_id: str) -> Session | None:
+        """A session another gateway on this data dir opened (or this one before a restart)."""
+        if self.journal is None or not session_id.startswith("s-"):
+            return None
+        saved = self.journal.load(session_id)
+        return self.restore(saved) if saved is not None else None
 
     def get(self, session_id: str, tenant: str | None = None) -> Session:
         """The session, or NotFound (also when it belongs to another tenant)."""
-        s = self._sessions.get(session_id)
+        s = self._sessions.get(session_id) or self._from_journal(session_id)
         if s is None or (tenant is not None and s.tenant != tenant):
             raise NotFound(f"no session {session_id!r}", param="session_id")
         return s
@@ -143,6 +213,9 @@ class SessionTable:
     def by_key(self, key: str) -> Session | None:
         """The session whose API key is `key`."""
         sid = self._keys.owner(key)
+        if sid is None and self.journal is not None:
+            sid = self.journal.session_for_key(key_digest(key))
+            return self.get(sid) if sid else None
         return self._sessions.get(sid) if sid else None
 
     def check_key(self, session: Session, key: str | None) -> bool:
@@ -152,9 +225,9 @@ class SessionTable:
     def remove(self, session_id: str) -> Session | None:
         """Forget a session and its key."""
         s = self._sessions.pop(session_id, None)
-        key = self._key_of.pop(session_id, None)
-        if key is not None:
-            self._keys.remove(key)
+        digest = self._key_of.pop(session_id, None)
+        if digest is not None:
+            self._keys.remove_digest(digest)
         return s
 
     def expired(self, idle_seconds: float) -> list[Session]:

@@ -88,6 +88,13 @@ async def create_session(
         sampling=body.sampling,
         sampling_precedence=body.sampling_precedence,
     )
+    if state.sessions.journal is not None:
+        try:
+            digest = state.sessions.key_digest_of(session.id)
+            await state.sessions.journal.opened(session.id, session.settings(), digest)
+        except BaseException:
+            state.sessions.remove(session.id)  # not durable: not handed out
+            raise
     state.limits.session_opened(tenant, session.id)
     base = state.public_url or str(request.base_url).rstrip("/")
     log.info(
@@ -134,6 +141,8 @@ async def delete_session(
     session = sessions.get(session_id, tenant)
     await _abort_active(request, session)
     sessions.remove(session_id)
+    if sessions.journal is not None:
+        await sessions.journal.closed(session_id)
     return json_response(200, {"session_id": session_id, "deleted": True})
 
 
@@ -162,6 +171,8 @@ async def finish_session(
             raise
         session.finished = True
         session.summary = summary
+        if state.sessions.journal is not None:
+            await state.sessions.journal.closed(session.id)  # its samples are in the store now
         session.ledger = None  # the tokens are in the store now; free the memory
     log.info(
         "session finished",

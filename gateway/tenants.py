@@ -51,6 +51,14 @@ class KeyTable:
         """Forget `key` (no error if unknown)."""
         self._by_digest.pop(_digest(key), None)
 
+    def add_digest(self, digest: bytes, owner: str) -> None:
+        """Register a key known only by its digest (a session restored from the journal)."""
+        self._by_digest[digest] = owner
+
+    def remove_digest(self, digest: bytes) -> None:
+        """Forget the key whose digest is `digest` (no error if unknown)."""
+        self._by_digest.pop(digest, None)
+
     def owner(self, key: str) -> str | None:
         """The owner of `key`, or None."""
         # Keys are found by their SHA-256 digest: the lookup's timing depends on digest bytes,

@@ -31,11 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from rlgw.gateway import metrics
 from rlgw.gateway.backend import GenerationResult, new_rid
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded
 from rlgw.gateway.ledger import Cause, Policy, TurnCommit, Violation
-from rlgw.gateway.limits import turn_generated, turn_slot
+from rlgw.gateway.limits import turn_slot
 from rlgw.gateway.profile import ModelProfile
 from rlgw.gateway.sessions import Session
 
@@ -160,7 +159,7 @@ def engine_sampling(
     return sp, overridden
 
 
-def commit(
+async def commit(
     profile: ModelProfile,
     turn: Turn,
     plan: Plan,
@@ -174,64 +173,91 @@ def commit(
     overridden: dict[str, Any],
     end_of_turn_id: int | None,
 ) -> None:
-    """Apply the plan and append the finished generation; the turn counts as served.
+    """Journal the finished turn, then apply it: the plan's segment change and the generation.
 
-    A generation that filled the model's whole context sets the session's termination reason
-    to `context_length_exceeded` (a refused request never does). The turn counts as closed only
+    The journal row is durable before the turn is applied and answered (`journal.py`). A
+    generation that filled the model's whole context sets the session's termination reason to
+    `context_length_exceeded` (a refused request never does). The turn counts as closed only
     when its last sampled id is the template's end-of-turn token: a turn cut by length, a stop
     string or another EOS gets the template's closing in the next increment, as a full render has it.
     """
     session = turn.session
-    turn_generated(session.tenant, plan.surface, len(result.output_ids))
-    if (
-        result.finish_type == "length"
-        and len(plan.input_ids) + len(result.output_ids) >= profile.context_length
-    ):
+    ledger = session.ledger
+    record: dict[str, Any] = {
+        "invalidate": plan.invalidate,
+        "context_exhausted": result.finish_type == "length"
+        and len(plan.input_ids) + len(result.output_ids) >= profile.context_length,
+        "version": result.weight_version,
+    }
+    if plan.recorded and ledger is not None and ledger.capturing:
+        record.update(
+            segment=plan.segment,
+            replace=plan.replace_last,
+            echo_matches=plan.echo_matches,
+            echo_edits=plan.echo_edits,
+            overridden=overridden,
+            commit={
+                "new_messages": plan.new_messages,
+                "prompt_ids": plan.increment,
+                "output_ids": result.output_ids,
+                "logprobs": result.logprobs,
+                "version_spans": result.version_spans,
+                "response_id": response_id,
+                "tool_call_ids": call_ids,
+                "content": content,
+                "rid": result.rid,
+                "finish_type": result.finish_type,
+                "ended_with_stop_token": bool(result.output_ids) and result.output_ids[-1] == end_of_turn_id,
+                "parse_errors": parse_errors,
+                "agent_text": plan.agent_text,
+                "surface": plan.surface,
+                "tools": plan.tools,
+                "calls": calls,
+            },
+        )
+    if session.journal is not None and ledger is not None:
+        await session.journal.turn(session.id, record)
+    apply_record(session, record, committed_at=time.monotonic())
+    turn.committed = True
+
+
+def apply_record(session: Session, record: dict[str, Any], *, committed_at: float = 0.0) -> None:
+    """Apply one committed turn's record to the session (live, or replayed from the journal)."""
+    if record.get("context_exhausted"):
         session.termination_reason = "context_length_exceeded"
     ledger = session.ledger
-    if plan.invalidate is not None and ledger is not None:
-        ledger.invalidate(plan.invalidate)
-        log.warning(
-            "capture turned off", extra={"fields": {"session": session.id, "reason": plan.invalidate}}
-        )
-    if not plan.recorded or ledger is None or not ledger.capturing:
-        turn.committed = True
+    if ledger is None:
         return
-    if plan.segment is not None:
-        ledger.new_segment(*plan.segment)
+    if record.get("invalidate") is not None:
+        ledger.invalidate(record["invalidate"])
+        log.warning(
+            "capture turned off", extra={"fields": {"session": session.id, "reason": record["invalidate"]}}
+        )
+    spec = record.get("commit")
+    if spec is None or not ledger.capturing:
+        return
+    if record.get("segment") is not None:
+        ledger.new_segment(*record["segment"])
     seg = ledger.current
-    if plan.replace_last:
+    if record.get("replace"):
         old = ledger.rollback_last_turn()
         seg.note("replaced_turns", {"turn": len(seg.turns), "rid": old.rid, "response_id": old.response_id})
         log.info("turn retried", extra={"fields": {"session": session.id, "replaced_rid": old.rid}})
-    for index, how in plan.echo_matches:
+    for index, how in record.get("echo_matches") or ():
         seg.note("echo_matches", {"turn": index, "how": how})
-    for index, what in plan.echo_edits:
+    for index, what in record.get("echo_edits") or ():
         seg.note("echo_edits", {"turn": index, "field": what})
-    if overridden:
-        seg.note("agent_sampling", {"turn": len(seg.turns), **overridden})
-    ended = bool(result.output_ids) and result.output_ids[-1] == end_of_turn_id
+    if record.get("overridden"):
+        seg.note("agent_sampling", {"turn": len(seg.turns), **record["overridden"]})
     ledger.commit(
         TurnCommit(
-            new_messages=plan.new_messages,
-            prompt_ids=plan.increment,
-            output_ids=result.output_ids,
-            logprobs=result.logprobs,
-            version_spans=result.version_spans,
-            response_id=response_id,
-            tool_call_ids=tuple(call_ids),
-            content=content,
-            rid=result.rid,
-            finish_type=result.finish_type,
-            ended_with_stop_token=ended,
-            parse_errors=parse_errors,
-            agent_text=plan.agent_text,
-            surface=plan.surface,
-            tools=plan.tools,
-            calls=calls,
-            committed_at=time.monotonic(),
+            **{
+                **spec,
+                "tool_call_ids": tuple(spec["tool_call_ids"]),
+                "calls": tuple(tuple(c) for c in spec["calls"]),
+                "version_spans": [tuple(v) for v in spec["version_spans"]],
+                "committed_at": committed_at,
+            }
         ),
-        result.weight_version,
+        record["version"],
     )
-    metrics.turn_recorded(len(plan.increment) + len(result.output_ids), len(result.output_ids))
-    turn.committed = True

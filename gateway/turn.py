@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from rlgw.gateway import metrics
 from rlgw.gateway.backend import GenerationResult, new_rid
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded
 from rlgw.gateway.ledger import Cause, Policy, TurnCommit, Violation
-from rlgw.gateway.limits import turn_slot
+from rlgw.gateway.limits import turn_generated, turn_slot
 from rlgw.gateway.profile import ModelProfile
 from rlgw.gateway.sessions import Session
 
@@ -219,6 +220,12 @@ async def commit(
         await session.journal.turn(session.id, record)
     apply_record(session, record, committed_at=time.monotonic())
     turn.committed = True
+    n_out = len(result.output_ids)
+    turn_generated(session.tenant, plan.surface, n_out)
+    if "commit" in record:
+        metrics.turn_recorded(len(plan.increment) + n_out, n_out)
+        if plan.segment is not None:
+            metrics.SEGMENTS.labels(plan.segment[0]).inc()
 
 
 def apply_record(session: Session, record: dict[str, Any], *, committed_at: float = 0.0) -> None:

@@ -61,8 +61,9 @@ class Engine:
     """A CPU transformers model behind a request queue and a batching step loop.
 
     Features: bounded queue (QueueFullError), batched decode across running requests, per-request
-    seeded sampling, prompt logprobs (teacher forcing) in bounded memory, stop ids/strings, aborts,
-    three pause modes, live weight updates. Trade-offs: one process-wide thread does all compute (no
+    seeded sampling, constrained decoding (xgrammar, per-request matchers in a mixed batch), prompt
+    logprobs (teacher forcing) in bounded memory, stop ids/strings, aborts, three pause modes, live
+    weight updates. Trade-offs: one process-wide thread does all compute (no
     overlap of tokenization with compute).
     """
 

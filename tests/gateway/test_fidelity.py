@@ -310,3 +310,19 @@ def test_an_agent_stated_cause_names_the_segment(gw: str) -> None:
         extra_headers={"X-Rlgw-Event": "compaction"},
     )
     assert _segments(finish(gw, s["session_id"])) == ["start", "compaction"]
+
+
+def test_metrics_count_segments_by_cause(gw: str) -> None:
+    def count() -> float:
+        for line in httpx.get(gw + "/metrics").text.splitlines():
+            if line.startswith('rlgw_segments_total{cause="tools_changed"}'):
+                return float(line.split()[-1])
+        return 0.0
+
+    before = count()
+    s = session(gw)
+    c = client(s)
+    first = c.chat.completions.create(model="m", messages=USER, tools=[TOOL])
+    history = [*USER, first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "x"}]
+    c.chat.completions.create(model="m", messages=history)  # the tools are gone: a new segment
+    assert count() == before + 1

@@ -231,9 +231,13 @@ class LimitTable:
                 out[tenant] = len(usage.sessions)
         return out
 
-    def start_turn(self, tenant: str) -> TurnSlot:
+    def start_turn(self, tenant: str, session_id: str | None = None) -> TurnSlot:
         """Take one of `tenant`'s in-flight slots, or raise `RateLimited` (too many in flight, or
-        over its tokens per minute). Release it by exiting the returned `TurnSlot`."""
+        over its tokens per minute). Release it by exiting the returned `TurnSlot`.
+
+        `session_id` is counted among the tenant's open sessions (a set add): a session this
+        process did not open itself (restored from the journal) is counted from its first turn.
+        """
         usage = self._usage_of(tenant)
         limits = self.limits_for(tenant)
         if limits.in_flight is not None and usage.in_flight >= limits.in_flight:
@@ -256,6 +260,8 @@ class LimitTable:
                     retry_after=usage.tokens.seconds_until_below(tpm, now),
                 )
         usage.in_flight += 1
+        if session_id is not None:
+            usage.sessions.add(session_id)
         metrics.TURNS_IN_FLIGHT.inc()
         return TurnSlot(usage)
 
@@ -285,14 +291,14 @@ def open_in(sessions: Any) -> Callable[[str], bool]:
 _ACTIVE: contextvars.ContextVar[LimitTable | None] = contextvars.ContextVar("rlgw_limits", default=None)
 
 
-def turn_slot(tenant: str) -> TurnSlot:
+def turn_slot(tenant: str, session_id: str | None = None) -> TurnSlot:
     """The turn lifecycle's one call: take an in-flight slot under the current app's limits
     (raises `RateLimited`); outside a request nothing is limited, only metered."""
     table = _ACTIVE.get()
     if table is None:
         metrics.TURNS_IN_FLIGHT.inc()
         return TurnSlot(None)
-    return table.start_turn(tenant)
+    return table.start_turn(tenant, session_id)
 
 
 def turn_generated(tenant: str, surface: str, generated: int) -> None:

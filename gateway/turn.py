@@ -79,7 +79,7 @@ async def turn_scope(session: Session, *, arrived: float | None = None) -> Async
     """Hold the session for one turn; see the module docstring for what it owns."""
     arrived = time.monotonic() if arrived is None else arrived
     # The tenant's in-flight slot (429 over a limit) is held while waiting for the lock too.
-    with turn_slot(session.tenant):
+    with turn_slot(session.tenant, session.id):
         async with session.lock:
             if session.finished or session.finishing:
                 raise Conflict(

@@ -93,6 +93,16 @@ def test_open_sessions_count_drops_closed_sessions() -> None:
     assert table.open_sessions(open_ids.__contains__) == {"t": 1}
 
 
+def test_a_session_this_process_did_not_open_counts_from_its_first_turn() -> None:
+    # A session restored from the journal was never admitted here: its turns count it.
+    table = LimitTable(Limits(open_sessions=1))
+    with table.start_turn("t", "restored"):
+        pass
+    assert table.open_sessions(lambda sid: True) == {"t": 1}
+    with pytest.raises(RateLimited):
+        table.check_session_room("t", lambda sid: True)
+
+
 # ---------------------------------------------------------------- over HTTP, a real gateway
 
 KEYS = "team-a:key-a-0123456789,team-b:key-b-0123456789"

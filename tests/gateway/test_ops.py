@@ -143,6 +143,10 @@ def test_sigterm_drains_a_turn_in_flight_then_closes_the_store(fe: FaultEngine, 
         assert g.proc.wait(timeout=30) in CLEAN_EXIT
     # The stores were closed cleanly: SQLite checkpointed and removed every write-ahead log.
     assert not list(g.data_dir.glob("*-wal"))
+    # And the drained turn was recorded: a gateway restarted on the data dir holds it.
+    with gateway(fe.url, tmp_path) as again:
+        doc = httpx.get(again.url + f"/v1/sessions/{s['session_id']}").json()
+        assert doc["turns"] == 1 and doc["tokens"] > 0
 
 
 def test_sigterm_drain_is_bounded(fe: FaultEngine, tmp_path: Path) -> None:

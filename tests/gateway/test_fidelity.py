@@ -323,6 +323,10 @@ def test_metrics_count_segments_by_cause(gw: str) -> None:
     s = session(gw)
     c = client(s)
     first = c.chat.completions.create(model="m", messages=USER, tools=[TOOL])
-    history = [*USER, first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "x"}]
+    history = [
+        *USER,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "x"},
+    ]
     c.chat.completions.create(model="m", messages=history)  # the tools are gone: a new segment
     assert count() == before + 1

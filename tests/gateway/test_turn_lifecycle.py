@@ -140,3 +140,31 @@ def test_finish_summary_lists_segments_with_their_causes(gw: str) -> None:
     summary = httpx.post(gw + f"/v1/sessions/{s['session_id']}/finish", json={}, headers=A).json()
     [seg] = summary["segment_causes"]
     assert seg["cause"] == "start" and seg["trainable_tokens"] == summary["trainable_tokens"] > 0
+
+
+def test_each_sample_status_describes_its_own_segment() -> None:
+    from rlgw.gateway.ledger import TurnCommit
+
+    ledger = Ledger()
+
+    def turn(finish: str) -> TurnCommit:
+        return TurnCommit(
+            [{"role": "user", "content": finish}],
+            [1],
+            [5, 6],
+            [-0.1, -0.2],
+            [],
+            "r",
+            (),
+            "",
+            "rid",
+            finish,
+            finish == "stop",
+            [],
+        )
+
+    ledger.commit(turn("stop"), "v1")  # the first segment ended normally
+    ledger.new_segment("rewrite", "history rewritten")
+    ledger.commit(turn("length"), "v1")  # the second was cut by max_tokens
+    built = ledger.build_samples(reward=1.0, status=None, rollout_id="r", group_index=0, metadata={})
+    assert [s.status.value for _, s, _ in built if s is not None] == ["completed", "truncated"]

@@ -415,8 +415,9 @@ class _FirstFailure:
 class _WhoRuns:
     """pytest plugin: which tests execute each line of `module` (coverage contexts are node ids).
 
-    Written to `path` as JSON: the collection order and, per executed line, the node ids that ran
-    it (none for lines run only at import: module-level code, defaults). Lines never run are absent.
+    Written to `path` as JSON: the collection order, each test's seconds (under coverage, so an
+    overestimate) and, per executed line, the node ids that ran it (none for lines run only at
+    import: module-level code, defaults). Lines never run are absent.
     """
 
     def __init__(self, tree_dir: Path, module: str, path: str) -> None:
@@ -426,9 +427,13 @@ class _WhoRuns:
         self.files = {str(tree_dir / module), str(tree_dir / "rlgw" / module)}
         self.cov = coverage.Coverage(data_file=None, include=sorted(self.files))
         self.cov.start()
+        self.seconds: dict[str, float] = {}
 
     def pytest_runtest_setup(self, item) -> None:
         self.cov.switch_context(item.nodeid)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
 
     def pytest_sessionfinish(self, session) -> None:
         self.cov.stop()
@@ -438,7 +443,11 @@ class _WhoRuns:
             if name in self.files or os.path.realpath(name) in self.files:
                 for line, contexts in data.contexts_by_lineno(name).items():
                     lines.setdefault(line, set()).update(c for c in contexts if c)
-        doc = {"order": [i.nodeid for i in session.items], "lines": {k: sorted(v) for k, v in lines.items()}}
+        doc = {
+            "order": [i.nodeid for i in session.items],
+            "lines": {k: sorted(v) for k, v in lines.items()},
+            "seconds": self.seconds,
+        }
         Path(self.path).write_text(json.dumps(doc))
 
 
@@ -586,8 +595,12 @@ def main() -> None:
                 selected = select_tests(m, who)
                 if selected is None:
                     m.outcome, m.killer = "survived", "(no test runs this line)"
+                elif selected == m.tests:
+                    m.budget = max(60.0, 3 * seconds)
                 else:
-                    m.tests, m.budget = selected, max(60.0, 5 * seconds)
+                    # An infinite loop is the usual timeout: stop at a few times what the tests need.
+                    need = sum(who["seconds"].get(t, 1.0) for t in selected)
+                    m.tests, m.budget = selected, 20.0 + 3 * need
             print(f"unmutated: the tests of {module} pass in {seconds:.1f}s")
         for tests in dict.fromkeys(m.tests for m in mutants if m.seeded):
             outcome, seconds, killer = run_tests(trees[0], tests, 1200)
@@ -613,6 +626,8 @@ def main() -> None:
             m = shares[j][i]
             m.outcome, m.killer = outcome, killer
             done += 1
+            if outcome in ("survived", "error"):
+                print(f"  {outcome}: {m.module}:{m.line} {m.what}: {m.code}", flush=True)
             if done % 25 == 0 or done == len(todo):
                 print(f"  {done}/{len(todo)} mutants run ({time.monotonic() - t0:.0f}s)", flush=True)
         for proc in procs:

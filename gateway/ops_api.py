@@ -1,8 +1,8 @@
 """Operations routes: `/healthz` (the process is up), `/readyz` (it can serve), `/metrics`.
 
 `/readyz` checks what a turn needs, each with a short timeout: the engine answers
-`/model_info`, the trajectory store's file takes a write lock, and the start-up template
-probe passed (or its mismatch was explicitly allowed). It answers 503 naming the failed
+`/model_info`, the trajectory store's and the session journal's files take a write lock, and
+the start-up template probe passed (or its mismatch was explicitly allowed). It answers 503 naming the failed
 checks, so a load balancer stops routing and an operator sees why.
 
 `/metrics` is Prometheus' text format (`metrics.exposition`); when an admin key is set it
@@ -57,12 +57,17 @@ async def healthz() -> Response:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> Response:
-    """200 if the engine answers, the store is writable and the template probe passed; else 503."""
+    """200 if the engine answers, the store and journal are writable and the template probe passed;
+    else 503."""
     state = request.app.state
-    results = await asyncio.gather(
+    checks_to_run = [
         _check("engine", state.backend.model_info()),
         _check("store", asyncio.to_thread(_store_writable, state.store.path)),
-    )
+    ]
+    journal = state.sessions.journal
+    if journal is not None:
+        checks_to_run.append(_check("journal", asyncio.to_thread(_store_writable, journal.path)))
+    results = await asyncio.gather(*checks_to_run)
     checks: dict[str, Any] = {name: ("ok" if err is None else err) for name, err in results}
     probe = state.probe
     if probe.increment_matches_full_render:

@@ -66,7 +66,8 @@ def test_healthz_and_readyz(gw: Gateway) -> None:
     assert httpx.get(gw.url + "/healthz").json() == {"status": "ok"}
     r = httpx.get(gw.url + "/readyz")
     assert r.status_code == 200, r.text
-    assert r.json() == {"ready": True, "checks": {"engine": "ok", "store": "ok", "template_probe": "ok"}}
+    checks = {"engine": "ok", "store": "ok", "journal": "ok", "template_probe": "ok"}
+    assert r.json() == {"ready": True, "checks": checks}
 
 
 def test_readyz_fails_while_the_store_cannot_be_written(gw: Gateway) -> None:

@@ -1,0 +1,61 @@
+"""The loop learns: `rlgw train` on the tiny Qwen3 fixture, through real gateway sessions, GRPO, delta disk sync.
+
+Task (trainer/configs/word-tiny.json): "Answer with one word: It", reward 1 when the reply's first word is
+"It" (about 4% of the fixture's samples at temperature 1). Threshold: the first iteration's mean reward is
+below 0.2 and the mean of the last two iterations is above 0.8, for three seeds; the engine serves the new
+version after every iteration (v0 full, then one xor delta per iteration); with lr = 0 the reward stays low.
+Each run is a real `rlgw train` process that starts `rlgw serve` (gateway + embedded engine).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import REPO
+
+CONFIG = REPO / "trainer" / "configs" / "word-tiny.json"
+
+
+def train(work: Path, *extra: str) -> list[dict]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "train", "--config", str(CONFIG),
+         "--work-dir", str(work), "--no-progress", *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads(line) for line in (work / "receipts.jsonl").read_text().splitlines()]
+
+
+def check_versions_and_sessions(receipts: list[dict]) -> None:
+    iterations = json.loads(CONFIG.read_text())["iterations"]
+    assert [r["iteration"] for r in receipts] == list(range(iterations))
+    for i, r in enumerate(receipts):
+        assert r["version_trained_from"] == i
+        assert r["published"]["version"] == i + 1 and r["published"]["kind"] == "delta"
+        assert r["published"]["served_versions"] == [str(i + 1)]  # the engine reports the new version
+        assert r["samples"] >= 24 and r["rollouts"] >= 24  # 32 sessions per iteration, a few may be rejected
+        assert r["losses"]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # engine and trainer agree
+    assert receipts[0]["served_at_start"] == ["0"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_loop_learns_to_answer_with_the_word(tmp_path: Path, seed: int) -> None:
+    receipts = train(tmp_path, "--seed", str(seed))
+    rewards = [r["reward_mean"] for r in receipts]
+    assert rewards[0] < 0.2, rewards
+    assert sum(rewards[-2:]) / 2 > 0.8, rewards
+    check_versions_and_sessions(receipts)
+
+
+@pytest.mark.slow
+def test_with_learning_rate_zero_the_reward_does_not_rise(tmp_path: Path) -> None:
+    receipts = train(tmp_path, "--seed", "0", "--lr", "0")
+    rewards = [r["reward_mean"] for r in receipts]
+    assert max(rewards) < 0.25, rewards
+    check_versions_and_sessions(receipts)

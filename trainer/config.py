@@ -1,0 +1,147 @@
+"""`rlgw train`'s configuration file (JSON or TOML), validated once at the edge with pydantic.
+
+Builders turn it into the plain arguments each component takes (`LossConfig`, `OptimConfig`,
+`AcceptancePolicy`, a rollout source), so no component sees this object.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlgw.trainer.consumer import AcceptancePolicy, Action
+from rlgw.trainer.losses import Reduction
+from rlgw.trainer.objective import LossConfig
+from rlgw.trainer.rollouts import ChatRollouts, RolloutSource, ScaffoldRollouts, WordTask
+from rlgw.trainer.torch_trainer import OptimConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ChatRolloutsSpec(_Strict):
+    """One-turn chats with a verifiable first word."""
+
+    kind: Literal["chat"] = "chat"
+    tasks: list[dict[str, str]] = Field(min_length=1)  # {"prompt": ..., "word": ...}
+    groups: int = Field(4, ge=1)
+    group_size: int = Field(8, ge=2)
+    max_tokens: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    concurrency: int = Field(16, ge=1)
+
+
+class ScaffoldRolloutsSpec(_Strict):
+    """Installed scaffolds on a tasks file (see `rlgw run`)."""
+
+    kind: Literal["scaffold"]
+    scaffold: str
+    tasks_file: str
+    groups: int = Field(2, ge=1)
+    group_size: int = Field(4, ge=2)
+    max_turns: int = Field(4, ge=1)
+    concurrency: int = Field(4, ge=1)
+    scaffold_options: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, Any] | None = None
+
+
+class LossSpec(_Strict):
+    """See `rlgw.trainer.objective.LossConfig`."""
+
+    reduction: Reduction = Reduction.PER_ROLLOUT_MEAN
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    old_log_probs: Literal["rollout", "recompute"] = "rollout"
+    tis_cap: float | None = None
+    kl_coef: float = 0.0
+    kl_source: Literal["teacher", "reference"] = "reference"
+    entropy_coef: float = 0.0
+    std_normalize: bool = True
+
+
+class OptimSpec(_Strict):
+    """AdamW; see `rlgw.trainer.torch_trainer.OptimConfig`."""
+
+    lr: float = Field(1e-5, ge=0)
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = 1.0
+
+
+class SyncSpec(_Strict):
+    """How new weights reach the engines: disk versions, `delta` after the first full one, or `full`."""
+
+    kind: Literal["delta", "full"] = "delta"
+    encoding: Literal["xor", "overwrite"] = "xor"
+    full_every: int = Field(1000, ge=1)
+    durable: bool = True
+
+
+class TrainConfig(_Strict):
+    """Everything one `rlgw train` run needs."""
+
+    model: str  # HF checkpoint directory: the trainer's start and (embedded) the engine's
+    work_dir: str = "rlgw-train"
+    iterations: int = Field(10, ge=1)
+    mode: Literal["sync", "async"] = "sync"
+    seed: int = 0
+    trainer: Literal["torch", "megatron"] = "torch"
+    device: str = "cpu"
+    threads: int | None = 1
+    micro_batch_rows: int = Field(16, ge=1)
+    gateway_url: str | None = None  # None: start `rlgw serve` with the embedded engine
+    gateway_key: str | None = None
+    engine_urls: list[str] = Field(default_factory=list)  # needed with gateway_url
+    rollouts: ChatRolloutsSpec | ScaffoldRolloutsSpec = Field(discriminator="kind")
+    loss: LossSpec = Field(default_factory=LossSpec)
+    optim: OptimSpec = Field(default_factory=OptimSpec)
+    acceptance: dict[Literal["completed", "truncated", "aborted", "failed"], Action] = Field(
+        default_factory=dict
+    )
+    max_staleness: int | None = None  # default: 0 in sync mode, 1 in one-step-async
+    sync: SyncSpec = Field(default_factory=SyncSpec)
+
+    @classmethod
+    def from_file(cls, path: Path) -> TrainConfig:
+        """Read a `.json` or `.toml` file; relative paths in it stay relative to the working directory."""
+        text = path.read_text()
+        doc = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        return cls.model_validate(doc)
+
+    def staleness_bound(self) -> int:
+        """The staleness filter's bound in versions."""
+        if self.max_staleness is not None:
+            return self.max_staleness
+        return 0 if self.mode == "sync" else 1
+
+    def loss_config(self) -> LossConfig:
+        """The objective's settings."""
+        spec = self.loss.model_dump(exclude={"std_normalize"})
+        return LossConfig(**spec)
+
+    def optim_config(self) -> OptimConfig:
+        """The optimizer's settings."""
+        return OptimConfig(**self.optim.model_dump())
+
+    def acceptance_policy(self) -> AcceptancePolicy:
+        """The per-status actions (defaults where unset)."""
+        return AcceptancePolicy(**{k: Action(v) for k, v in self.acceptance.items()})
+
+    def rollout_source(self) -> RolloutSource:
+        """The configured rollout source."""
+        r = self.rollouts
+        if isinstance(r, ChatRolloutsSpec):
+            tasks = [WordTask(t["prompt"], t["word"]) for t in r.tasks]
+            return ChatRollouts(
+                tasks, r.groups, r.group_size, r.max_tokens, r.temperature, r.concurrency, self.seed
+            )
+        return ScaffoldRollouts(
+            r.scaffold, r.tasks_file, r.groups, r.group_size, r.max_turns, r.concurrency, self.seed,
+            r.scaffold_options, r.sampling,
+        )  # fmt: skip

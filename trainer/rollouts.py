@@ -1,0 +1,177 @@
+"""Where a loop iteration's rollouts come from: agents working through real gateway sessions.
+
+Two sources behind one small interface, each returning the cursors the gateway stored:
+- `ChatRollouts`: a one-turn agent in this process (the `openai` SDK against the session's base
+  URL) on prompts with a verifiable answer; fast, for small models and tests.
+- `ScaffoldRollouts`: installed scaffolds (rlgw-mini, OpenHands, Terminus-2) on a tasks file,
+  through `rlgw run`'s pool (`rlgw.scaffolds.pool`), graded by each task's verifier.
+Each prompt is attempted `group_size` times; attempts share a `group_index` (a GRPO group).
+This module owns fan-out and rewards of the chat tasks, not recording (the gateway's) or training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rlgw.gateway.client import GatewayClient
+
+
+@dataclass(slots=True)
+class CollectResult:
+    """What one iteration's rollouts produced: the stored cursors, rewards, rejects."""
+
+    cursors: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    rejected_segments: int = 0
+    failed_runs: int = 0
+
+    @property
+    def last_cursor(self) -> int | None:
+        """The highest cursor stored by this iteration (None if nothing was stored)."""
+        return max(self.cursors) if self.cursors else None
+
+
+class RolloutSource(Protocol):
+    """Runs one iteration's rollouts through the gateway at `gateway_url`."""
+
+    async def collect(self, gateway_url: str, gateway_key: str | None, iteration: int) -> CollectResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WordTask:
+    """A prompt and the word the answer must start with."""
+
+    prompt: str
+    word: str
+
+
+def first_word_reward(content: str | None, word: str) -> float:
+    """1.0 if the reply's first word is `word` (case-sensitive, punctuation around it ignored), else 0.0."""
+    if not content:
+        return 0.0
+    m = re.match(r"\W*(\w+)", content)
+    return 1.0 if m is not None and m.group(1) == word else 0.0
+
+
+@dataclass(slots=True)
+class ChatRollouts:
+    """One-turn chats: `groups` prompts per iteration (drawn with `seed`), `group_size` attempts each."""
+
+    tasks: list[WordTask]
+    groups: int = 4
+    group_size: int = 8
+    max_tokens: int = 8
+    temperature: float = 1.0
+    concurrency: int = 16
+    seed: int = 0
+    chat_template_kwargs: dict[str, Any] = field(default_factory=lambda: {"enable_thinking": False})
+
+    async def collect(self, gateway_url: str, gateway_key: str | None, iteration: int) -> CollectResult:
+        """Run every attempt of this iteration's prompts; each is one session, finished with its reward."""
+        import openai
+
+        rng = random.Random(self.seed * 1_000_003 + iteration)
+        picks = [rng.choice(self.tasks) for _ in range(self.groups)]
+        gate = asyncio.Semaphore(self.concurrency)
+        result = CollectResult()
+        async with GatewayClient(gateway_url, gateway_key) as gw:
+
+            async def attempt(group: int, task: WordTask, k: int) -> None:
+                async with gate:
+                    s = await gw.create_session(
+                        f"word-{task.word}",
+                        rollout_id=f"it{iteration}-g{group}-a{k}",
+                        group_index=iteration * self.groups + group,
+                        sampling={"temperature": self.temperature, "top_p": 1.0, "top_k": -1},
+                        metadata={"iteration": iteration, "word": task.word},
+                    )
+                    agent = openai.AsyncOpenAI(base_url=s.base_url, api_key=s.api_key, max_retries=0)
+                    try:
+                        reply = await agent.chat.completions.create(
+                            model="policy",
+                            messages=[{"role": "user", "content": task.prompt}],
+                            max_tokens=self.max_tokens,
+                            extra_body={"chat_template_kwargs": self.chat_template_kwargs},
+                        )
+                        reward = first_word_reward(reply.choices[0].message.content, task.word)
+                        summary = await gw.finish_session(s.session_id, reward=reward)
+                    except Exception:
+                        result.failed_runs += 1
+                        await gw.finish_session(s.session_id, reward=0.0, status="failed")
+                        return
+                    finally:
+                        await agent.close()
+                    result.rewards.append(reward)
+                    result.cursors += [x.cursor for x in summary.samples]
+                    result.rejected_segments += len(summary.rejects)
+
+            await asyncio.gather(
+                *(attempt(g, t, k) for g, t in enumerate(picks) for k in range(self.group_size))
+            )
+        return result
+
+
+@dataclass(slots=True)
+class ScaffoldRollouts:
+    """Installed scaffolds on a tasks file through `rlgw run`'s pool; `groups` tasks per iteration."""
+
+    scaffold: str
+    tasks_file: str
+    groups: int = 2
+    group_size: int = 4
+    max_turns: int = 4
+    concurrency: int = 4
+    seed: int = 0
+    scaffold_options: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] | None = None
+
+    async def collect(self, gateway_url: str, gateway_key: str | None, iteration: int) -> CollectResult:
+        """Run each picked task `group_size` times (one pool per group, groups side by side)."""
+        import sys
+        from pathlib import Path
+
+        from rlgw.scaffolds.agent import AgentConfig
+        from rlgw.scaffolds.pool import RunSpec, run_local
+        from rlgw.scaffolds.tasks import load_tasks
+
+        tasks = load_tasks(Path(self.tasks_file))
+        rng = random.Random(self.seed * 1_000_003 + iteration)
+        picks = [rng.choice(tasks) for _ in range(self.groups)]
+        options = dict(self.scaffold_options)
+        if self.scaffold == "rlgw-mini":
+            options.setdefault("python", sys.executable)  # the local sandbox shares this interpreter
+        spec = RunSpec(
+            scaffold=self.scaffold,
+            scaffold_options=options,
+            gateway_url=gateway_url,
+            gateway_key=gateway_key,
+            config=AgentConfig(
+                mode="capture", model="policy", max_turns=self.max_turns, sampling=self.sampling
+            ),
+        )
+        per_group = max(1, self.concurrency // max(1, self.groups))
+        runs = await asyncio.gather(
+            *(
+                run_local(
+                    spec,
+                    [task] * self.group_size,
+                    concurrency=per_group,
+                    progress=False,
+                    group_index=iteration * self.groups + g,
+                )
+                for g, task in enumerate(picks)
+            )
+        )
+        result = CollectResult()
+        for r in (r for group in runs for r in group):
+            if r.failed_stage:
+                result.failed_runs += 1
+            if r.reward is not None:
+                result.rewards.append(r.reward)
+            result.cursors += [s["cursor"] for s in r.samples]
+            result.rejected_segments += len(r.rejects)
+        return result

@@ -1,0 +1,158 @@
+"""The PyTorch trainer: a Hugging Face causal LM, AdamW, gradient accumulation over micro-batches.
+
+Runs on CPU with the fixtures and SmolLM2, and on a GPU when `device` says so. Under `torchrun` it
+wraps the model in DistributedDataParallel and each rank trains its share of the micro-batches
+(the step-wide token weights make the summed gradients exactly the single-process ones). The
+objective is `rlgw.trainer.objective`'s; this module owns the model, the optimizer and export.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from torch import Tensor
+
+from rlgw.trainer.batch import MicroBatch, StepBatch
+from rlgw.trainer.objective import LossConfig, merge_metrics, micro_batch_loss, token_log_probs
+
+
+@dataclass(frozen=True, slots=True)
+class OptimConfig:
+    """AdamW settings; `grad_clip` is a max global grad norm (None: no clipping)."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+
+
+_ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+
+
+def checkpoint_tensor_names(model_dir: Path) -> dict[str, torch.dtype]:
+    """Names and dtypes of the tensors a HF checkpoint stores (tied weights appear once)."""
+    names: dict[str, torch.dtype] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():
+                names[name] = _ST_DTYPES[sf.get_slice(name).get_dtype()]
+    if not names:
+        raise FileNotFoundError(f"{model_dir} holds no *.safetensors")
+    return names
+
+
+class TorchTrainer:
+    """`Trainer` over `transformers.AutoModelForCausalLM` (fp32 master weights)."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        loss: LossConfig,
+        optim: OptimConfig,
+        *,
+        device: str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        self.model_dir = Path(model_dir)
+        self.loss_cfg, self.optim_cfg, self.device = loss, optim, torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device)
+        self.model.train()
+        self._export_dtypes = checkpoint_tensor_names(self.model_dir)
+        self.reference = None
+        if loss.kl_coef and loss.kl_source == "reference":
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self.module = self.model
+        if self.distributed:
+            self.module = torch.nn.parallel.DistributedDataParallel(self.model)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=optim.lr,
+            betas=optim.betas,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.vocab_size = int(self.model.config.vocab_size)
+
+    def logits(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> Tensor:
+        """The model's logits for the micro-batch, [rows, tokens, vocab]."""
+        m = model if model is not None else self.module
+        out = m(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
+        return out.logits
+
+    def _aux_log_probs(self, mb: MicroBatch) -> tuple[Tensor | None, Tensor | None]:
+        cfg = self.loss_cfg
+        old = ref = None
+        with torch.no_grad():
+            if cfg.old_log_probs == "recompute":
+                old = token_log_probs(self.logits(mb, self.model), mb.input_ids.to(self.device))
+            if self.reference is not None:
+                ref = token_log_probs(self.logits(mb, self.reference), mb.input_ids.to(self.device))
+        return old, ref
+
+    def loss_and_backward(self, step: StepBatch) -> dict[str, float]:
+        """Accumulate the step's gradients (no optimizer step); returns the step's metrics."""
+        parts = []
+        mine = step.micro_batches
+        if self.distributed:
+            mine = mine[dist.get_rank() :: dist.get_world_size()]
+        tokens = step.rollout_tokens.to(self.device)
+        for mb in mine:
+            mb_dev = _to(mb, self.device)
+            old, ref = self._aux_log_probs(mb_dev)
+            loss, metrics = micro_batch_loss(
+                self.logits(mb_dev), mb_dev, tokens, self.loss_cfg, old_log_probs=old, ref_log_probs=ref
+            )
+            if self.distributed:
+                # DDP averages gradients over ranks; the step-wide weights want their sum.
+                loss = loss * dist.get_world_size()
+            loss.backward()
+            parts.append(metrics)
+        return merge_metrics(parts)
+
+    def train_step(self, step: StepBatch) -> dict[str, float]:
+        """Zero grads, accumulate over micro-batches, clip, one AdamW step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = self.loss_and_backward(step)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.optim_cfg.grad_clip or float("inf"))
+        self.optimizer.step()
+        metrics["grad_norm"] = float(norm)
+        metrics["trainable_tokens"] = float(step.trainable_tokens)
+        return metrics
+
+    def export_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The checkpoint's tensors (same names and dtypes as the HF files it was loaded from)."""
+        state = self.model.state_dict()
+        for name, dtype in self._export_dtypes.items():
+            yield name, state[name].detach().to("cpu", dtype)
+
+    def config_dict(self) -> dict:
+        """The model's HF config, for receipts."""
+        return json.loads(self.model.config.to_json_string())
+
+
+def _to(mb: MicroBatch, device: torch.device) -> MicroBatch:
+    if device.type == "cpu":
+        return mb
+    return MicroBatch(
+        input_ids=mb.input_ids.to(device),
+        attention_mask=mb.attention_mask.to(device),
+        loss_mask=mb.loss_mask.to(device),
+        rollout_log_probs=mb.rollout_log_probs.to(device),
+        advantages=mb.advantages.to(device),
+        rollout_index=mb.rollout_index.to(device),
+        teacher_log_probs=None if mb.teacher_log_probs is None else mb.teacher_log_probs.to(device),
+    )

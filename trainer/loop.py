@@ -280,6 +280,7 @@ def _summary_line(r: dict[str, Any]) -> str:
     s = r["seconds"]
     return (
         f"it {r['iteration']:>3}  reward {_fmt(r['reward_mean'])}±{_fmt(r['reward_std'])}  "
-        f"rollouts {r['rollouts']}  tokens {r['trainable_tokens']}  grad {_fmt(r['losses'].get('grad_norm'))}  "
+        f"rollouts {r['rollouts']}  tokens {r['trainable_tokens']}  "
+        f"grad {_fmt(r['losses'].get('grad_norm'))}  "
         f"served v{served}  time rollout {s['rollout']:.1f}s train {s['train']:.1f}s sync {s['sync']:.1f}s"
     )

@@ -1,4 +1,4 @@
-"""The loop learns: `rlgw train` on the tiny Qwen3 fixture, through real gateway sessions, GRPO, delta disk sync.
+"""The loop learns: `rlgw train` on the tiny Qwen3 fixture through real gateway sessions, GRPO, delta sync.
 
 Task (trainer/configs/word-tiny.json): "Answer with one word: It", reward 1 when the reply's first word is
 "It" (about 4% of the fixture's samples at temperature 1). Threshold: the first iteration's mean reward is

@@ -178,10 +178,21 @@ class GatewayClient:
         policy: str | None = None,
         metadata: dict[str, Any] | None = None,
         sampling: dict[str, Any] | None = None,
+        sampling_precedence: str | None = None,
     ) -> SessionInfo:
-        """Open a session for one task run (`mode`: capture or eval) and get its endpoint."""
+        """Open a session for one task run (`mode`: capture or eval) and get its endpoint.
+
+        `sampling_precedence`: "session" (capture's default: `sampling` wins over what the agent
+        sends) or "request" (eval's default: the agent's values apply).
+        """
         payload: dict[str, Any] = {"task_id": task_id, "mode": mode, "group_index": group_index}
-        optional = {"rollout_id": rollout_id, "policy": policy, "metadata": metadata, "sampling": sampling}
+        optional = {
+            "rollout_id": rollout_id,
+            "policy": policy,
+            "metadata": metadata,
+            "sampling": sampling,
+            "sampling_precedence": sampling_precedence,
+        }
         payload.update({k: v for k, v in optional.items() if v is not None})
         doc = await self._request("POST", "/v1/sessions", payload)
         return SessionInfo(

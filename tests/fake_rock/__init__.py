@@ -1,9 +1,10 @@
 """A fake ROCK admin server (see `server.py`) run as a real subprocess for tests, and ROCK's real rocklet.
 
 `real_rocklet` runs ROCK's own in-sandbox server (`rock.rocklet.server` from `rl-rock[rocklet]`)
-from a virtual environment cached under `~/.cache/rlgw/agents/` (built on first use: the
-rocklet extra pins numpy and pulls twisted, which the project's own environment must not get),
-with ROCK's 85 s request cut shortened for tests.
+from a virtual environment cached under `~/.cache/rlgw/agents/` (its own: the rocklet extra pins
+numpy and pulls twisted, which the project's environment must not get), with ROCK's 85 s request
+cut shortened for tests. Building that venv takes minutes, so it is built only with
+RLGW_INSTALL_AGENTS=1 (the test skips until then).
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ def fake_rock(
 @contextlib.contextmanager
 def real_rocklet(workdir: Path, *, request_cut: float) -> Iterator[str]:
     """ROCK's own rocklet server on a free port, its cut set to `request_cut` seconds; yields its URL."""
-    venv = agent_venv("rocklet", ROCK_VERSION, [f"rl-rock[rocklet]=={ROCK_VERSION}"], python="3.11")
+    venv = agent_venv(
+        "rocklet", ROCK_VERSION, [f"rl-rock[rocklet]=={ROCK_VERSION}"], python="3.11", opt_in=True
+    )
     port = free_port()
     argv = [str(venv / "bin" / "python"), "-c", _ROCKLET_MAIN, str(port), str(request_cut)]
     # The rocklet writes access logs into its working directory's `logs/`.

@@ -19,7 +19,7 @@ A forked child per mutant starts from a parent that already imported the heavy t
 libraries, so a mutant costs its tests, not the interpreter start-up.
 
     python bench/mutation.py [--rev HEAD] [--jobs 2] [--module gateway/ledger.py ...]
-                             [--no-seeded] [--list] [--limit N]
+                             [--no-seeded] [--list] [--sample N]
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ CORE: dict[str, list[str]] = {
     "sync/pull.py": ["tests/sync/test_pull.py", "tests/sync/test_delta_digest.py"],
     "gateway/turn.py": ["tests/gateway/test_context_boundary.py", "tests/gateway/test_api.py"],
 }
+# Measured only when named with --module: their tests start a gateway process per run (about a
+# minute per mutant on the shared 2-core machine), which does not fit the 30-minute budget.
+OPT_IN = {"gateway/turn.py"}
 
 
 # Modules whose tests also run them in subprocesses (a killed writer, the gateway over HTTP).
@@ -547,7 +550,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--no-seeded", action="store_true", help="skip the seeded bugs of issue 15")
     ap.add_argument("--list", action="store_true", help="only count and list the mutants")
-    ap.add_argument("--limit", type=int, default=0, help="at most N mutants per module (tuning)")
+    ap.add_argument(
+        "--sample",
+        type=int,
+        default=30,
+        help="run every k-th mutant, N per module (default 30; 0: all of them, about 90 min here)",
+    )
     ns = ap.parse_args()
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -561,13 +569,15 @@ def main() -> None:
             shutil.copytree(trees[0], t, symlinks=True)
         print(f"mutating {commit} ({ns.rev}) in {work}, {len(trees)} job(s)")
 
-        modules = [m for m in (ns.module or CORE) if (trees[0] / m).exists()]
+        modules = [m for m in (ns.module or [m for m in CORE if m not in OPT_IN]) if (trees[0] / m).exists()]
         mutants: list[Mutant] = []
+        generated: dict[str, int] = {}
         for module in modules:
             tests = tuple(t for t in CORE.get(module, []) if (trees[0] / t).exists())
             found = mutants_of(module, (trees[0] / module).read_text(), tests)
-            if ns.limit:
-                found = found[:: max(1, len(found) // ns.limit)][: ns.limit]
+            generated[module] = len(found)
+            if ns.sample:
+                found = found[:: max(1, len(found) // ns.sample)][: ns.sample]
             mutants += found
             print(f"{module}: {len(found)} mutants, tests: {' '.join(tests)}")
         if not ns.no_seeded:
@@ -589,7 +599,9 @@ def main() -> None:
             cover = f"{module}:{who_path}" if importlib.util.find_spec("coverage") else ""
             outcome, seconds, killer = run_tests(trees[0], mine[0].tests, 1200, cover=cover)
             if outcome != "survived":
-                raise SystemExit(f"{module}: its tests fail before mutation ({killer}); fix them first")
+                print(f"{module}: not measured, its tests fail unmutated ({killer})")
+                mutants = [m for m in mutants if m not in mine]
+                continue
             who = json.loads(Path(who_path).read_text()) if cover else {"lines": {}, "order": []}
             for m in mine:
                 selected = select_tests(m, who)
@@ -604,11 +616,12 @@ def main() -> None:
             print(f"unmutated: the tests of {module} pass in {seconds:.1f}s")
         for tests in dict.fromkeys(m.tests for m in mutants if m.seeded):
             outcome, seconds, killer = run_tests(trees[0], tests, 1200)
-            if outcome != "survived":
-                raise SystemExit(f"{' '.join(tests)}: fail before mutation ({killer}); fix them first")
             for m in mutants:
                 if m.seeded and m.tests == tests:
-                    m.budget = max(60.0, 5 * seconds)
+                    if outcome == "survived":
+                        m.budget = max(60.0, 3 * seconds)
+                    else:
+                        m.outcome, m.killer = "not run", f"(its tests fail unmutated: {killer})"
 
         t0 = time.monotonic()
         results: mp.Queue = mp.Queue()
@@ -632,7 +645,7 @@ def main() -> None:
                 print(f"  {done}/{len(todo)} mutants run ({time.monotonic() - t0:.0f}s)", flush=True)
         for proc in procs:
             proc.join()
-        report(commit, mutants, time.monotonic() - t0)
+        report(commit, mutants, generated, time.monotonic() - t0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -652,17 +665,18 @@ def _run_share(tree: str, share: list[Mutant], results: mp.Queue, j: int) -> Non
         results.put((j, i, outcome, killer))
 
 
-def report(commit: str, mutants: list[Mutant], seconds: float) -> None:
+def report(commit: str, mutants: list[Mutant], generated: dict[str, int], seconds: float) -> None:
     """The score per module, the seeded bugs and who killed them, and every survivor."""
     print(f"\nmutation score at {commit[:12]} ({seconds / 60:.1f} min)")
-    print(f"{'module':<22} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} {'score':>7}")
+    head = ("of", "run", "killed", "timeout", "survived", "score")
+    print(f"{'module':<22} " + " ".join(f"{h:>8}" for h in head))
     total: Counter[str] = Counter()
     for module in dict.fromkeys(m.module for m in mutants if not m.seeded):
         c = Counter(m.outcome for m in mutants if m.module == module and not m.seeded)
         total.update(c)
-        _row(module, c)
+        _row(module, generated.get(module, 0), c)
     if total:
-        _row("all", total)
+        _row("all", sum(generated.values()), total)
     seeded = [m for m in mutants if m.seeded]
     if seeded:
         print("\nseeded bugs (issue 15):")
@@ -677,10 +691,11 @@ def report(commit: str, mutants: list[Mutant], seconds: float) -> None:
             print(f"  {m.module}:{m.line} {m.what}: {m.code}{why}")
 
 
-def _row(name: str, c: Counter[str]) -> None:
+def _row(name: str, of: int, c: Counter[str]) -> None:
     n = sum(c.values())
     score = 100 * (c["killed"] + c["timeout"]) / n if n else 0.0
-    print(f"{name:<22} {n:>8} {c['killed']:>7} {c['timeout']:>8} {c['survived']:>9} {score:>6.1f}%")
+    cells = (of, n, c["killed"], c["timeout"], c["survived"])
+    print(f"{name:<22} " + " ".join(f"{v:>8}" for v in cells) + f" {score:>7.1f}%")
 
 
 if __name__ == "__main__":

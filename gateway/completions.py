@@ -160,11 +160,11 @@ async def _turn(request: Request, session: Session) -> Response:
             **extra,
         }
 
-    def finish(
+    async def finish(
         turn: Turn, plan: Plan, result: GenerationResult, text: str, overridden: dict[str, Any]
     ) -> None:
         plan.agent_text += text
-        commit(
+        await commit(
             profile,
             turn,
             plan,

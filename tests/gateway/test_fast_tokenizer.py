@@ -1,0 +1,204 @@
+"""bpe-qwen gives HF `tokenizers`' ids on a large corpus, and is chosen only where it is safe.
+
+The corpus: Python stdlib sources (plain, CRLF and NFD variants), this repository's code and
+docs, seeded random text over many scripts (CJK, Hangul, Arabic, Devanagari, emoji with ZWJ
+and skin tones, combining marks, odd whitespace, control characters), long runs, and every added
+token of the tokenizer placed inside, between and against text (`<|im_start|>`, `<tool_call>`,
+`<think>`, near misses such as `<|im_start|`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import unicodedata
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from rlgw.gateway import fast_tokenizer
+from rlgw.gateway.fast_tokenizer import BpeQwenEncoder, HFEncoder, qwen_bpe_mismatch, select_encoder
+from tests.gateway.real_tokenizers import qwen3_tokenizer
+from tests.support.procs import REPO
+
+pytest.importorskip("bpe_qwen")
+
+STDLIB = Path(os.__file__).parent
+# Unicode ranges agents' text comes from, and the ones tokenizers trip over.
+_BLOCKS = [
+    (0x20, 0x7E),
+    (0xA0, 0x24F),
+    (0x300, 0x36F),  # combining marks
+    (0x370, 0x3FF),
+    (0x400, 0x4FF),
+    (0x590, 0x6FF),
+    (0x900, 0x97F),
+    (0xE00, 0xE7F),
+    (0x1100, 0x11FF),
+    (0x2000, 0x206F),  # spaces, zero-width, joiners, punctuation
+    (0x3000, 0x30FF),
+    (0x4E00, 0x9FFF),
+    (0xAC00, 0xD7A3),
+    (0xFF00, 0xFFEF),
+    (0x1F300, 0x1FAFF),  # emoji
+    (0x1F3FB, 0x1F3FF),  # skin tones
+]
+
+
+def _random_text(rng: random.Random, added: list[str], n: int) -> str:
+    pieces = []
+    for _ in range(n):
+        roll = rng.random()
+        if roll < 0.05:
+            pieces.append(rng.choice(added))
+        elif roll < 0.08:
+            token = rng.choice(added)
+            pieces.append(token[: rng.randrange(1, len(token))])  # a near miss
+        elif roll < 0.18:
+            pieces.append(rng.choice([" ", "  ", "\n", "\r\n", "\t", "\n\n", " \n", "\r", "\x00", "\x0b"]))
+        elif roll < 0.22:
+            pieces.append(rng.choice(["'s", "'LL", "'re ", "don't", "1234567", "3.14", "ẞ", "İ"]))
+        else:
+            lo, hi = rng.choice(_BLOCKS)
+            word = "".join(chr(rng.randint(lo, hi)) for _ in range(rng.randint(1, 12)))
+            pieces.append(word if rng.random() < 0.6 else " " + word)
+    return "".join(pieces)
+
+
+def corpus(added: list[str], size: str) -> list[str]:
+    """Texts to compare: `size` "large" reads ~7 MB of stdlib and repo sources, "small" ~0.3 MB."""
+    files = sorted(STDLIB.glob("*.py"))
+    files += [STDLIB / "test" / n for n in ("test_unicode.py", "test_codecs.py", "test_unicodedata.py")]
+    files += sorted(REPO.glob("*/*.py")) + sorted(REPO.glob("*.md"))
+    if size == "small":
+        files = files[::40]
+    texts = []
+    for path in files:
+        if path.is_file():
+            text = path.read_text(encoding="utf-8", errors="replace")
+            texts += [text, text.replace("\n", "\r\n")]
+            texts.append(unicodedata.normalize("NFD", text[:20000]))  # the normalizer must recompose
+    rng = random.Random(20261130)
+    texts += [_random_text(rng, added, rng.randint(1, 400)) for _ in range(2000 if size == "large" else 200)]
+    texts += [
+        " " * 5000,
+        "a" * 10000,
+        "\n" * 3000 + "x",
+        "\r\n" * 2000,
+        "\t \n" * 1500,
+        "ab" * 4000,
+        "😀" * 2000,
+        "的" * 3000,
+        "9" * 5000,
+        "".join(added) * 20,
+        # Inputs bpe-qwen 0.1.5 alone splits differently (found by this corpus): HF must encode them.
+        "\xa0\xa01",
+        "\t\tx = 1",
+        "a\u3000\u3000b",
+        "  \u0900",
+        "x  \u0e37\u0e37",
+        "   \u0661\u0662",
+        "  \u00b2",
+        "  \u24b6",
+        "\U000113c2\U000113c21",
+        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+        '<think>\n\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n",
+        "",
+    ]
+    return texts
+
+
+def _assert_same_ids(encoder: BpeQwenEncoder, tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> None:
+    reference = HFEncoder(tokenizer)
+    differing = []
+    n_ids = 0
+    for text in texts:
+        ours, ref = encoder.encode(text), reference.encode(text)
+        n_ids += len(ref)
+        if ours != ref:
+            differing.append(text[:60])
+    assert not differing, f"{len(differing)} of {len(texts)} texts differ, e.g. {differing[:3]}"
+    assert n_ids > len(texts)
+
+
+@pytest.mark.slow
+def test_real_qwen3_gives_hf_ids_on_a_large_corpus() -> None:
+    tokenizer = qwen3_tokenizer()
+    encoder = select_encoder(tokenizer)
+    assert isinstance(encoder, BpeQwenEncoder)
+    added = [t.content for t in tokenizer.added_tokens_decoder.values()]
+    assert {"<|im_start|>", "<tool_call>", "<think>", "</tool_response>"} <= set(added)
+    texts = corpus(added, "large")
+    assert sum(map(len, texts)) > 5_000_000
+    _assert_same_ids(encoder, tokenizer, texts)
+
+
+def test_tiny_qwen3_fixture_gives_hf_ids(tiny_qwen3: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
+    encoder = select_encoder(tokenizer)
+    assert isinstance(encoder, BpeQwenEncoder)
+    added = [t.content for t in tokenizer.added_tokens_decoder.values()]
+    _assert_same_ids(encoder, tokenizer, corpus(added, "small"))
+
+
+def test_added_tokens_are_split_and_mapped_like_hf(tiny_qwen3: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
+    encoder = select_encoder(tokenizer)
+    ids = tokenizer.convert_tokens_to_ids
+    # <tool_call> is an added token that is not "special" in Qwen3: still one id, as in HF.
+    assert encoder.encode("a<tool_call>b") == [*encoder.encode("a"), ids("<tool_call>"), *encoder.encode("b")]
+    assert encoder.encode("<|im_end|><|im_start|>") == [ids("<|im_end|>"), ids("<|im_start|>")]
+    assert ids("<|im_start|>") not in encoder.encode("<|im_start|")
+    assert encoder.encode("") == []
+
+
+def test_other_tokenizers_fall_back_to_hf(tiny_chatml: Path, tiny_qwen3: Path, monkeypatch) -> None:
+    assert select_encoder(AutoTokenizer.from_pretrained(tiny_chatml)).name == "tokenizers"  # not Qwen's BPE
+    qwen = AutoTokenizer.from_pretrained(tiny_qwen3)
+    assert select_encoder(qwen, prefer_fast=False).name == "tokenizers"
+    monkeypatch.setenv("RLGW_FAST_TOKENIZER", "0")
+    assert select_encoder(qwen).name == "tokenizers"
+
+
+def _spec(tiny_qwen3: Path) -> dict:
+    return json.loads((tiny_qwen3 / "tokenizer.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda s: s.update(normalizer=None), "normalizer"),
+        (lambda s: s["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex=r"\s+|\S+"), "regex"),
+        (lambda s: s["model"].update(byte_fallback=True), "byte_fallback"),
+        (lambda s: s["model"].update(type="WordPiece"), "WordPiece"),
+        (lambda s: s["added_tokens"][0].update(lstrip=True), "lstrip"),
+    ],
+)
+def test_tokenizers_unlike_qwens_are_told_apart(tiny_qwen3: Path, change, reason: str) -> None:
+    spec = _spec(tiny_qwen3)
+    assert qwen_bpe_mismatch(spec) is None
+    change(spec)
+    assert reason in qwen_bpe_mismatch(spec)
+
+
+def test_a_vocabulary_bpe_qwen_cannot_build_falls_back_without_killing_the_process(
+    tiny_qwen3: Path, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    # Same structure as Qwen's, merges in reverse priority: bpe-qwen panics (aborting its
+    # process) because tokens no longer encode to themselves; the check runs in a child.
+    monkeypatch.setenv("RLGW_CACHE_DIR", str(tmp_path))
+    spec = _spec(tiny_qwen3)
+    spec["model"]["merges"] = spec["model"]["merges"][::-1]
+    assert qwen_bpe_mismatch(spec) is None
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)))
+    with caplog.at_level("INFO", logger=fast_tokenizer.__name__):
+        encoder = select_encoder(tokenizer)
+    assert encoder.name == "tokenizers"
+    text = "hello <|im_end|>"
+    assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False)
+    assert "bpe-qwen failed to build" in caplog.text and "panicked" in caplog.text

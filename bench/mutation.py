@@ -60,8 +60,16 @@ CORE: dict[str, list[str]] = {
     ],
     "gateway/render.py": ["tests/gateway/test_render.py"],
     "gateway/store.py": ["tests/gateway/test_store.py", "tests/gateway/test_store_durability.py"],
-    "sync/delta.py": ["tests/sync/test_delta.py", "tests/sync/test_delta_digest.py"],
-    "sync/pull.py": ["tests/sync/test_pull.py", "tests/sync/test_delta_digest.py"],
+    "sync/delta.py": [
+        "tests/sync/test_delta.py",
+        "tests/sync/test_delta_refusals.py",
+        "tests/sync/test_delta_digest.py",
+    ],
+    "sync/pull.py": [
+        "tests/sync/test_pull.py",
+        "tests/sync/test_pull_edges.py",
+        "tests/sync/test_delta_digest.py",
+    ],
     "gateway/turn.py": ["tests/gateway/test_context_boundary.py", "tests/gateway/test_api.py"],
 }
 # Measured only when named with --module: their tests start a gateway process per run (about a

@@ -51,7 +51,7 @@ CORE: dict[str, list[str]] = {
     "gateway/sample.py": [
         "tests/gateway/test_sample_validation.py",
         "tests/gateway/test_ledger.py",
-        "tests/gateway/test_store.py",
+        "tests/gateway/test_store_edges.py",
     ],
     "gateway/ledger.py": [
         "tests/gateway/test_ledger.py",
@@ -59,7 +59,11 @@ CORE: dict[str, list[str]] = {
         "tests/gateway/test_history_rules.py",
     ],
     "gateway/render.py": ["tests/gateway/test_render.py"],
-    "gateway/store.py": ["tests/gateway/test_store.py", "tests/gateway/test_store_durability.py"],
+    "gateway/store.py": [
+        "tests/gateway/test_store.py",
+        "tests/gateway/test_store_edges.py",
+        "tests/gateway/test_store_durability.py",
+    ],
     "sync/delta.py": [
         "tests/sync/test_delta.py",
         "tests/sync/test_delta_refusals.py",

@@ -1,0 +1,95 @@
+"""Rendering at its edges, on the real Qwen3 tokenizer: kwargs the renderer owns, templates that repeat
+tools in later turns (or never write them), templates that insist on a user turn first, and the
+end-of-turn bookkeeping (stop ids, a closing kept when the turn was cut)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlgw.gateway.errors import InvalidRequest
+from rlgw.gateway.render import ChatRenderer, TemplateConfig, check_template_kwargs
+from tests.gateway.real_tokenizers import qwen3_tokenizer
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+USER = {"role": "user", "content": "And in Rome?"}
+TURNS = (
+    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Like Mistral's: the tool list is written before every user turn, so it reaches increments too.
+TOOLS_EACH_TURN = (
+    "{% for m in messages %}{% if m.role == 'user' and tools %}[TOOLS]"
+    "{% for t in tools %}{{ t.function.name }};{% endfor %}[/TOOLS]{% endif %}" + TURNS
+)
+NO_TOOLS = "{% for m in messages %}" + TURNS
+USER_FIRST = (
+    "{% if messages[0].role != 'user' %}{{ raise_exception('the first message must be a user') }}{% endif %}"
+    + NO_TOOLS
+)
+
+
+def renderer(template: str | None = None) -> ChatRenderer:
+    return ChatRenderer(qwen3_tokenizer(), TemplateConfig(chat_template=template))
+
+
+def text(r: ChatRenderer, ids: list[int]) -> str:
+    return r.tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize(
+    "key", ["tokenize", "tools", "new_messages", "previous_ended_with_eos", "messages", 1]
+)
+def test_template_kwargs_may_not_set_what_the_renderer_sets(key: object) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        check_template_kwargs({"enable_thinking": False, key: True})
+    assert info.value.param == f"chat_template_kwargs.{key}"
+
+
+def test_ordinary_template_kwargs_pass() -> None:
+    check_template_kwargs({"enable_thinking": False, "reasoning_effort": "low"})
+
+
+def test_tools_reach_increments_only_where_the_template_writes_them_there() -> None:
+    each_turn = renderer(TOOLS_EACH_TURN)
+    assert each_turn.renders_tools
+    inc = text(each_turn, each_turn.render_continuation([USER], TOOLS, previous_ended_with_eos=True))
+    assert (
+        inc
+        == "\n[TOOLS]get_weather;[/TOOLS]<|im_start|>user\nAnd in Rome?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    qwen3 = renderer()
+    assert qwen3.renders_tools
+    inc = text(qwen3, qwen3.render_continuation([USER], TOOLS, previous_ended_with_eos=True))
+    assert "get_weather" not in inc  # Qwen3 writes tools once, in the system block of the first prompt
+    assert "get_weather" in text(qwen3, qwen3.render_prompt([USER], TOOLS))
+    assert not renderer(NO_TOOLS).renders_tools
+
+
+def test_a_template_that_wants_a_user_turn_first_renders_increments_after_the_plain_anchor() -> None:
+    r = renderer(USER_FIRST)
+    tool = {"role": "tool", "content": "sunny"}
+    # No user message in the history: the anchor would start with the assistant turn, which this
+    # template refuses, so the renderer falls back to the user/assistant anchor.
+    inc = text(r, r.render_continuation([tool], None, previous_ended_with_eos=True, anchor_user=None))
+    assert inc == "\n<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n"
+    same = r.render_continuation([tool], None, previous_ended_with_eos=True, anchor_user=USER)
+    assert text(r, same) == inc
+
+
+def test_end_of_turn_bookkeeping() -> None:
+    r = renderer(NO_TOOLS)
+    eot = r.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert r.end_of_turn_text == "<|im_end|>"
+    # Qwen3's EOS is its end-of-turn token: one stop id, not the same id twice.
+    assert r.tokenizer.eos_token_id == eot and r.stop_token_ids == [eot]
+    cut = r.render_continuation([USER], None, previous_ended_with_eos=False)
+    assert cut[0] == eot and text(r, cut).startswith("<|im_end|>\n<|im_start|>user")
+    assert r.render_continuation([USER], None, previous_ended_with_eos=True) == cut[1:]
+
+
+def test_empty_requests() -> None:
+    r = renderer(NO_TOOLS)
+    with pytest.raises(InvalidRequest, match="must not be empty"):
+        r.render_prompt([], None)
+    with pytest.raises(ValueError, match="at least one new message"):
+        r.render_continuation([], None, previous_ended_with_eos=True)

@@ -58,7 +58,7 @@ CORE: dict[str, list[str]] = {
         "tests/gateway/test_ledger_edges.py",
         "tests/gateway/test_history_rules.py",
     ],
-    "gateway/render.py": ["tests/gateway/test_render.py"],
+    "gateway/render.py": ["tests/gateway/test_render_edges.py", "tests/gateway/test_render.py"],
     "gateway/store.py": [
         "tests/gateway/test_store.py",
         "tests/gateway/test_store_edges.py",

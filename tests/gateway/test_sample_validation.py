@@ -68,6 +68,18 @@ def test_the_valid_sample_passes_with_and_without_a_vocabulary() -> None:
     validate_sample(sample(reward=-3.5))
 
 
+def test_the_smallest_valid_samples() -> None:
+    # One prompt token and one sampled token; token id 0 is a real id.
+    one = sample(
+        tokens=np.asarray([0, 0], dtype=np.int32),
+        response_length=1,
+        loss_mask=np.ones(1, dtype=np.uint8),
+        rollout_log_probs=np.asarray([-0.5], dtype=np.float32),
+        weight_versions=[VersionSpan("v1", 0, 1)],
+    )
+    validate_sample(one, VOCAB)
+
+
 @pytest.mark.parametrize(
     "change",
     [

@@ -63,7 +63,8 @@ def chatml(tiny_chatml: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def open_session(st: Stack, **body: Any) -> dict[str, Any]:
-    r = httpx.post(st.gateway + "/v1/sessions", json={"task_id": "t", **body})
+    """A capture session whose agent (the test) sets the sampling: greedy runs stay deterministic."""
+    r = httpx.post(st.gateway + "/v1/sessions", json={"task_id": "t", "sampling_precedence": "request", **body})
     r.raise_for_status()
     return r.json()
 
@@ -312,7 +313,7 @@ def test_chatml_tool_loop_is_token_exact(chatml: Stack) -> None:
 def test_streamed_and_plain_runs_record_the_same_for_a_seed(qwen3: Stack) -> None:
     docs = []
     for stream in (False, True):
-        s = open_session(qwen3, task_id=f"seed-{stream}", sampling_precedence="request")
+        s = open_session(qwen3, task_id=f"seed-{stream}")
         run_agent(qwen3, s, fp.WEATHER, followups=[], stream=stream, temperature=1.0, seed=1234)
         summary = finish(qwen3, s["session_id"])
         docs.append(stored(qwen3, summary["samples"][0]["cursor"]))

@@ -402,7 +402,7 @@ CHATML: list[Scenario] = [
 def test_qwen3_scenarios_are_token_exact(
     qwen3: Stack, scenario: Scenario, kw: dict[str, Any], stream: bool
 ) -> None:
-    s = open_session(qwen3, task_id=scenario.__name__, sampling_precedence="request")
+    s = open_session(qwen3, task_id=scenario.__name__)
     agent = Agent(qwen3, s, tools=fp.TOOLS, kw=kw, stream=stream)
     causes = scenario(agent)
     summary = agent.check(causes)

@@ -12,6 +12,7 @@ import orjson
 import pytest
 import zstandard
 
+from rlgw.gateway import store as store_module
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
 from rlgw.gateway.store import StoreError, TrajectoryStore, decode_arrays, default_data_dir, encode_arrays
 
@@ -77,10 +78,32 @@ async def test_an_empty_finish_writes_nothing(filled: TrajectoryStore) -> None:
     assert filled.count_sync(None) == 5
 
 
-async def test_a_long_poll_with_nothing_new_returns_at_its_timeout(filled: TrajectoryStore) -> None:
-    t0 = time.monotonic()
-    await filled.wait("a", after=5, timeout=0.3)
-    assert 0.25 <= time.monotonic() - t0 < 5
+async def test_listings_default_to_100_rows(filled: TrajectoryStore) -> None:
+    await filled.add_samples("c", "many", "task", [sample(i % 7) for i in range(101)])
+    assert len(filled.summaries_sync("c")) == 100 and len(await filled.list("c")) == 100
+    assert len(filled.list_sync("c")) == 100
+
+
+async def test_a_read_only_store_answers_async_reads_too(filled: TrajectoryStore) -> None:
+    ro = TrajectoryStore.open_readonly(filled.path.parent)
+    try:
+        assert [s.cursor for s in await ro.list("a")] == [1, 2, 4, 5]
+        assert [r.cursor for r in await ro.summaries("b")] == [3]
+        with pytest.raises(StoreError, match="read-only"):
+            await ro.add_samples("a", "s", "task", [sample(1)])
+    finally:
+        await ro.close()
+
+
+async def test_a_long_poll_with_nothing_new_returns_at_its_timeout(
+    filled: TrajectoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only the in-process commit event may wake a waiter here, not the cross-process re-read.
+    monkeypatch.setattr(store_module, "CROSS_PROCESS_POLL_S", 60.0)
+    for tenant, after in (("a", 5), ("nobody", 0)):
+        t0 = time.monotonic()
+        await filled.wait(tenant, after=after, timeout=0.3)
+        assert 0.25 <= time.monotonic() - t0 < 5
     t0 = time.monotonic()
     await filled.wait("a", after=4, timeout=30)  # cursor 5 is newer: at once
     assert time.monotonic() - t0 < 5

@@ -1,0 +1,124 @@
+"""Training figures: trained tokens/s of the PyTorch trainer on CPU, and where a loop iteration's time goes.
+
+    python bench/train.py                      # both parts
+    python bench/train.py --part trainer       # tokens/s only (tiny-qwen3 and tiny-chatml fixtures)
+    python bench/train.py --part loop --iterations 6
+
+`trainer`: one optimizer step (forward, backward, AdamW) over `--rows` segments of `--prompt` +
+`--response` tokens (70% of the response trainable), after one warm-up step; tokens/s counts every
+token the model runs on, trainable tokens/s only the masked-in ones. The peer is the model's plain
+forward+backward of the same batch with a cross-entropy loss (what any trainer must pay at least).
+`loop`: `rlgw train` on trainer/configs/word-tiny.json (real gateway sessions, delta disk sync); the
+share of each iteration in rollout, train and sync, from its receipts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _step(model_dir: Path, rows: int, prompt: int, response: int, seed: int = 0):
+    from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
+    from rlgw.trainer.batch import Rollout, build_step
+
+    rng = np.random.default_rng(seed)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    rollouts = []
+    for k in range(rows):
+        mask = (rng.random(response) < 0.7).astype(np.uint8)
+        mask[0] = 1
+        lps = np.where(mask == 1, -rng.random(response), 0.0).astype(np.float32)
+        ids = rng.integers(0, min(vocab, 4000), prompt + response).astype(np.int32)
+        s = Sample(ids, response, mask, lps, float(k % 2), SampleStatus.COMPLETED, f"r{k}", k // 4,
+                   [VersionSpan("0", 0, response)])  # fmt: skip
+        rollouts.append(Rollout(f"r{k}", k // 4, float(k % 2), [s]))
+    return build_step(rollouts, micro_batch_rows=8)
+
+
+def bench_trainer(args: argparse.Namespace) -> None:
+    from rlgw.trainer.objective import LossConfig
+    from rlgw.trainer.torch_trainer import OptimConfig, TorchTrainer
+
+    torch.set_num_threads(args.threads)
+    print(f"PyTorch trainer, CPU, {args.threads} thread(s): {args.rows} rows x ({args.prompt} prompt + "
+          f"{args.response} response) tokens, micro-batches of 8")  # fmt: skip
+    for name in ("tiny-qwen3", "tiny-chatml"):
+        model_dir = REPO / "tests" / "fixtures" / name
+        trainer = TorchTrainer(model_dir, LossConfig(), OptimConfig(lr=1e-5))
+        step = _step(model_dir, args.rows, args.prompt, args.response)
+        tokens = sum(int(mb.attention_mask.sum()) for mb in step.micro_batches)
+        trainer.train_step(step)  # warm-up
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            trainer.train_step(step)
+            times.append(time.perf_counter() - t0)
+        peer = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            trainer.optimizer.zero_grad()
+            for mb in step.micro_batches:
+                logits = trainer.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+                torch.nn.functional.cross_entropy(
+                    logits[:, :-1].flatten(0, 1), mb.input_ids[:, 1:].flatten()
+                ).backward()
+            trainer.optimizer.step()
+            peer.append(time.perf_counter() - t0)
+        t, p = statistics.median(times), statistics.median(peer)
+        print(f"  {name:12s} step {t * 1e3:7.1f} ms  {tokens / t:9.0f} tokens/s  "
+              f"{step.trainable_tokens / t:8.0f} trainable tokens/s  | plain CE fwd+bwd+AdamW "
+              f"{p * 1e3:7.1f} ms (rlgw step / plain = {t / p:.2f}x)")  # fmt: skip
+
+
+def bench_loop(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="rlgw-bench-train-") as tmp:
+        cmd = [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "train", "--config",
+               str(REPO / "trainer" / "configs" / "word-tiny.json"), "--work-dir", tmp, "--iterations",
+               str(args.iterations), "--no-progress"]  # fmt: skip
+        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
+        receipts = [json.loads(x) for x in (Path(tmp) / "receipts.jsonl").read_text().splitlines()]
+    print(f"loop: rlgw train on word-tiny.json (32 sessions/iteration, GRPO, xor delta disk sync), "
+          f"{len(receipts)} iterations")  # fmt: skip
+    for r in receipts:
+        s = r["seconds"]
+        share = r["share"]
+        print(f"  it {r['iteration']}: total {s['total']:.2f}s  rollout {share['rollout']:.0%}  "
+              f"train {share['train']:.0%}  sync {share['sync']:.0%}  "
+              f"reward {r['reward_mean']:.2f}")  # fmt: skip
+    steady = receipts[1:] or receipts
+    for part in ("rollout", "train", "sync"):
+        share = statistics.mean(r["share"][part] for r in steady)
+        secs = statistics.mean(r["seconds"][part] for r in steady)
+        print(f"  mean after the first iteration: {part:8s} {secs:6.2f}s  {share:5.1%}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", choices=("trainer", "loop", "all"), default="all")
+    p.add_argument("--rows", type=int, default=32)
+    p.add_argument("--prompt", type=int, default=64)
+    p.add_argument("--response", type=int, default=192)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--iterations", type=int, default=4)
+    args = p.parse_args()
+    if args.part in ("trainer", "all"):
+        bench_trainer(args)
+    if args.part in ("loop", "all"):
+        bench_loop(args)
+
+
+if __name__ == "__main__":
+    main()

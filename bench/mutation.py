@@ -5,12 +5,19 @@ or dropped `if` check, an integer off by one, an arithmetic operator swapped, a 
 dropped, a returned value replaced by None, a boolean flipped), made with `ast` on one module
 of a copy of the repository, and run against the fast tests that cover that module. A mutant
 is killed when a test fails (or the run exceeds its timeout); it survives when every test
-passes. The score is killed / total per module. The bugs seeded by issue 15 that the generic
+passes. The score is killed / run per module. The bugs seeded by issue 15 that the generic
 operators cannot make (a check weakened, a key dropped from a digest, a pragma changed) are
 added as `SEEDED` mutants, each run against its own tests; the first failing test is printed.
 
 Docstrings, f-strings (messages), logging calls, annotations, decorators and module-level
 UPPER_CASE constants (tuning knobs such as a compression level) are never mutated.
+
+Speed: one unmutated run per module under `coverage` records which tests execute each line;
+a mutant then runs only those tests (stopping at the first failure), and a mutant on a line no
+test executes survives without a run. By default every k-th mutant is run, 30 per module
+(`--sample 0` runs them all: about 850, some 90 minutes on the shared 2-core machine; the
+sample takes about 20). `gateway/turn.py` is measured only when named with `--module`: its
+tests start a gateway process per run.
 
 The repository is never touched: `--rev` (default HEAD) is exported with `git archive` into a
 temporary directory, one copy per job, and tests run there with this interpreter and

@@ -78,14 +78,16 @@ def init_parallel(tp: int = 1, pp: int = 1, backend: str | None = None) -> None:
     from megatron.core import parallel_state
 
     if not dist.is_initialized():
-        if "RANK" not in os.environ:  # run alone: a one-process group on a free local port
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if "RANK" in os.environ:  # under torchrun: the group it describes
+            dist.init_process_group(backend)
+        else:  # run alone: a one-process group, without touching the environment
             import socket
 
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp

@@ -95,6 +95,18 @@ def _plan(profile: ModelProfile, session: Session, req: CompletionRequest, event
     return plan
 
 
+def _check_ids(prompt: list[int], vocab_size: int) -> None:
+    """Prompt ids must be tokens the model has: a 400 now, not a sample rejected at finish."""
+    if not prompt:
+        raise InvalidRequest("prompt is empty", param="prompt")
+    try:
+        ids = np.asarray(prompt, dtype=np.int64)
+    except OverflowError:
+        ids = None
+    if ids is None or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise InvalidRequest(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
+
+
 def _check(req: CompletionRequest) -> None:
     if req.n != 1:
         raise InvalidRequest("n > 1 is not supported: open one session per sample", param="n")
@@ -143,6 +155,8 @@ async def _turn(request: Request, session: Session) -> Response:
     profile: ModelProfile = state.profile
     req = CompletionRequest.model_validate(await parse_body(request))
     _check(req)
+    if isinstance(req.prompt, list):
+        _check_ids(req.prompt, profile.vocab_size)
     event = request.headers.get(EVENT_HEADER)
     arrived = time.monotonic()
     top_n = req.logprobs or 0

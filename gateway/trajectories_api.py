@@ -35,6 +35,10 @@ def _bad_param(param: str, message: str) -> InvalidRequest:
     return InvalidRequest(message, param=param, code="invalid_parameter")
 
 
+# Cursors are SQLite rowids (int64): a larger number names no sample (and must not reach SQLite).
+MAX_CURSOR = 2**63 - 1
+
+
 def _int_param(name: str, raw: str | None, default: int, lo: int, hi: int | None = None) -> int:
     if raw is None:
         return default
@@ -78,7 +82,7 @@ async def list_trajectories(
     With `wait` > 0 (seconds, capped at 60) and nothing after the cursor yet, the answer is
     held until a sample arrives or the wait runs out (then the body is empty).
     """
-    after_v = _int_param("after", after, 0, 0)
+    after_v = _int_param("after", after, 0, 0, MAX_CURSOR)
     limit_v = _int_param("limit", limit, 100, 1, MAX_LIMIT)
     wait_v = _wait_param(wait)
     store: TrajectoryStore = request.app.state.store
@@ -103,7 +107,7 @@ async def list_trajectories(
 @router.get("/v1/trajectories/{cursor}")
 async def get_trajectory(request: Request, cursor: str, tenant: str = Depends(require_tenant)) -> Response:
     """One of the caller's samples by cursor, as JSON; 404 if absent or another tenant's."""
-    cursor_v = _int_param("cursor", cursor, 0, 1)
+    cursor_v = _int_param("cursor", cursor, 0, 1, MAX_CURSOR)
     store: TrajectoryStore = request.app.state.store
     stored = await store.get(tenant, cursor_v)
     if stored is None:

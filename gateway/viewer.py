@@ -24,10 +24,11 @@ import time
 import urllib.parse
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import jinja2
 from fastapi import APIRouter, Request
+from fastapi import Path as PathParam
 from starlette.exceptions import HTTPException
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
@@ -36,6 +37,7 @@ from rlgw.gateway.errors import APIError, AuthError, InvalidRequest, NotFound, j
 from rlgw.gateway.store import StoredSample, TrajectoryStore
 from rlgw.gateway.tenants import KeyTable, require_tenant
 from rlgw.gateway.tool_calls import detect_tool_format
+from rlgw.gateway.trajectories_api import MAX_CURSOR
 
 router = APIRouter()
 
@@ -285,7 +287,7 @@ async def _segment(request: Request, scope: str | None, summary: Any) -> dict[st
 
 
 @router.get("/ui/runs/{cursor}", response_class=HTMLResponse)
-async def run_page(request: Request, cursor: int) -> Response:
+async def run_page(request: Request, cursor: Annotated[int, PathParam(ge=1, le=MAX_CURSOR)]) -> Response:
     """One run: its segments, turns, tool calls, parse errors, metadata, and (lazily) its tokens."""
     try:
         scope = _scope(request)
@@ -310,7 +312,12 @@ async def run_page(request: Request, cursor: int) -> Response:
 
 
 @router.get("/ui/api/samples/{cursor}/tokens")
-async def sample_tokens(request: Request, cursor: int, start: int = 0, count: int = TOKEN_PAGE) -> Response:
+async def sample_tokens(
+    request: Request,
+    cursor: Annotated[int, PathParam(ge=1, le=MAX_CURSOR)],
+    start: int = 0,
+    count: int = TOKEN_PAGE,
+) -> Response:
     """Tokens [start, start+count) of one sample: parallel arrays of text, kind and logprob (JSON)."""
     try:
         scope = _scope(request)

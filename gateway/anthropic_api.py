@@ -63,7 +63,9 @@ class AnthropicRoute(APIRoute):
             try:
                 return await handler(request)
             except APIError as exc:
-                return json_response(exc.status, error_body(exc.status, exc.message))
+                return json_response(
+                    exc.status, error_body(exc.status, exc.message), headers=getattr(exc, "headers", None)
+                )
             except (ValidationError, RequestValidationError) as exc:
                 # The OpenAI surfaces' message (the first problem, named by its field), re-shaped.
                 openai = orjson.loads((await handle_validation_error(request, exc)).body)

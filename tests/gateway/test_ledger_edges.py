@@ -96,7 +96,9 @@ def test_a_changed_tool_list_is_a_violation_after_the_first_turn_only() -> None:
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     same = [{"function": {"parameters": {"type": "object"}, "name": "get_weather"}, "type": "function"}]
     digest = tools_digest(tools)
-    assert digest == tools_digest(same) != 0
+    assert isinstance(digest, int) and digest == tools_digest(same) != 0
+    other = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    assert tools_digest(other) != digest
     assert tools_digest(None) == tools_digest([]) == 0
     ledger = Ledger()
     assert not isinstance(ledger.sync([USER], tools=digest), Violation)  # no turn yet: any tools
@@ -128,6 +130,9 @@ def test_signatures_follow_what_the_template_renders_not_the_spelling() -> None:
     spaced = {"role": "assistant", "content": None, "tool_calls": [call(ID_A, '{ "b": [2],  "a": 1 }')]}
     other = {"role": "assistant", "content": None, "tool_calls": [call(ID_A, '{"a": 2, "b": [2]}')]}
     assert message_digest(one) == message_digest(spaced) != message_digest(other)
+    # Calls that are not objects are compared as they are.
+    odd = {"role": "assistant", "content": None, "tool_calls": ["x"]}
+    assert message_digest(odd) != message_digest({**odd, "tool_calls": ["y"]})
     assert canonical_arguments('{"b": 1, "a": 2}') == canonical_arguments({"a": 2, "b": 1}) == '{"a":2,"b":1}'
     assert canonical_arguments("not json {") == "not json {"
 

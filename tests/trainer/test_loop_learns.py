@@ -59,3 +59,25 @@ def test_with_learning_rate_zero_the_reward_does_not_rise(tmp_path: Path) -> Non
     rewards = [r["reward_mean"] for r in receipts]
     assert max(rewards) < 0.25, rewards
     check_versions_and_sessions(receipts)
+
+
+@pytest.mark.slow
+def test_one_step_async_measures_staleness_and_the_filter_bounds_it(tmp_path: Path) -> None:
+    cfg = json.loads(CONFIG.read_text())
+    cfg.update(mode="async", iterations=3, max_staleness=0)  # a bound of 0 makes the filter act
+    config = tmp_path / "async.json"
+    config.write_text(json.dumps(cfg))
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "train", "--config", str(config),
+         "--work-dir", str(tmp_path / "work"), "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    receipts = [json.loads(x) for x in (tmp_path / "work" / "receipts.jsonl").read_text().splitlines()]
+    assert [r["published"]["served_versions"] for r in receipts] == [["1"], ["2"], ["3"]]
+    assert receipts[0]["max_staleness"] == 0 and receipts[0]["stale_tokens_masked"] == 0
+    # later rollouts ran while the previous step trained: their tokens are a version old, and masked out
+    later = receipts[1:]
+    assert all(r["max_staleness"] == 1 for r in later)
+    assert all(r["stale_tokens_masked"] > 0 for r in later)
+    assert sum(r["rollouts_dropped"].get("stale", 0) for r in later) > 0

@@ -76,6 +76,14 @@ def test_a_template_that_wants_a_user_turn_first_renders_increments_after_the_pl
     assert text(r, same) == inc
 
 
+def test_a_template_without_role_markup_renders_increments_from_the_start_of_the_anchor() -> None:
+    # With no user message in the history the anchor is the assistant turn alone, and this
+    # template writes its content first: the sentinel sits at offset 0 of the render.
+    r = renderer("{% for m in messages %}{{ m.content }}<|im_end|>\n{% endfor %}")
+    inc = r.render_continuation([{"role": "tool", "content": "sunny"}], None, previous_ended_with_eos=True)
+    assert text(r, inc) == "\nsunny<|im_end|>\n"
+
+
 def test_end_of_turn_bookkeeping() -> None:
     r = renderer(NO_TOOLS)
     eot = r.tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -81,3 +81,32 @@ def test_one_step_async_measures_staleness_and_the_filter_bounds_it(tmp_path: Pa
     assert all(r["max_staleness"] == 1 for r in later)
     assert all(r["stale_tokens_masked"] > 0 for r in later)
     assert sum(r["rollouts_dropped"].get("stale", 0) for r in later) > 0
+
+
+@pytest.mark.slow
+def test_scaffold_rollouts_feed_the_loop(tmp_path: Path) -> None:
+    """rlgw-mini in local sandboxes through `rlgw run`'s pool: one iteration trains and syncs."""
+    tasks = tmp_path / "tasks.jsonl"
+    coin = "python -c 'import random; raise SystemExit(random.random() < 0.5)'"  # reward 0 or 1
+    task = {
+        "id": "t0",
+        "instruction": "Create the file done.txt.",
+        "verifier": {"command": coin, "timeout_s": 60},
+    }
+    tasks.write_text(json.dumps(task) + "\n")
+    cfg = json.loads(CONFIG.read_text())
+    cfg.update(iterations=1, rollouts={"kind": "scaffold", "scaffold": "rlgw-mini", "tasks_file": str(tasks),
+                                       "groups": 1, "group_size": 4, "max_turns": 2, "concurrency": 4,
+                                       "scaffold_options": {"max_tokens": 24}})  # fmt: skip
+    config = tmp_path / "scaffold.json"
+    config.write_text(json.dumps(cfg))
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "train", "--config", str(config),
+         "--work-dir", str(tmp_path / "work"), "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (r,) = [json.loads(x) for x in (tmp_path / "work" / "receipts.jsonl").read_text().splitlines()]
+    assert r["samples"] >= 4 and r["failed_runs"] == 0, r
+    assert sum(r["samples_by_status"].values()) == r["samples"]
+    assert r["rollouts"] == 4 and r["published"]["served_versions"] == ["1"]

@@ -23,6 +23,7 @@ This module builds the scripts and reads their replies; it knows nothing about H
 from __future__ import annotations
 
 import base64
+import posixpath
 import re
 import shlex
 from collections.abc import Mapping
@@ -79,6 +80,7 @@ class DetachedJob:
             'echo $? > "$1/exit.tmp"; mv "$1/exit.tmp" "$1/exit"'
         )
         return (
+            f"mkdir -p {shlex.quote(posixpath.dirname(self.dir))}\n"
             f"if mkdir {d} 2>/dev/null; then printf %s {encoded} | base64 -d > {d}/cmd.sh\n"
             f"  setsid bash -c {shlex.quote(runner)} _ {d} < /dev/null > /dev/null 2>&1 &\nfi\n"
         )

@@ -84,6 +84,11 @@ async def test_stop_kills_daemons_that_left_the_process_group(tmp_path: Path) ->
     # As a tmux server or a jupyter kernel does: a new session, detached, outliving the command.
     res = await sb.exec("setsid nohup sleep 300 >/dev/null 2>&1 < /dev/null & echo $!")
     pid = int(res.output.strip())
+    # /proc/<pid>/environ reads empty while the child is still exec-ing: give it a moment.
+    for _ in range(40):
+        if pid in marked_pids(sb.id):
+            break
+        await asyncio.sleep(0.05)
     assert res.ok and pid in marked_pids(sb.id)
     await sb.stop()
     assert marked_pids(sb.id) == []

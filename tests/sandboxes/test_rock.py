@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -32,6 +33,8 @@ def rock_url(tmp_path_factory: pytest.TempPathFactory):
 def config(url: str, **kw) -> RockConfig:
     kw.setdefault("workdir", "$HOME/workspace")
     kw.setdefault("scratch", "$HOME/rlgw")
+    # A jobs directory whose parent does not exist yet, as in a fresh sandbox.
+    kw.setdefault("jobs_dir", f"/tmp/rlgw-test-jobs/{uuid.uuid4().hex}/jobs")
     return RockConfig(base_url=url, api_key=KEY, poll_interval_s=0.1, poll_wait_s=0.5, **kw)
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 
 EXAMPLE = """example (learns to answer with a given word on the tiny fixture, CPU, about a minute):
-  rlgw train --config examples/train-word.json
+  rlgw train --config trainer/configs/word-tiny.json
   rlgw train --config cfg.json --dump-rollouts dumps/     # also write each iteration's samples (JSON lines)
   rlgw train --config cfg.json --replay dumps/            # train on dumps only: no gateway, no engine
-Receipts (one JSON line per iteration) go to WORK_DIR/receipts.jsonl. Distributed trainers run under
-torchrun: torchrun --nproc-per-node 8 -m rlgw.bin.main train --config cfg.json
+Receipts (one JSON line per iteration) go to WORK_DIR/receipts.jsonl.
 """
 
 

@@ -4,8 +4,8 @@ Supports the Llama/Qwen family (RMSNorm, SwiGLU, RoPE, grouped-query attention, 
 q/k norms, tied or untied embeddings). Tensor- and pipeline-parallel sizes go to
 `parallel_state.initialize_model_parallel` and the `TransformerConfig` as given; the HF weight
 conversion here is for unsharded weights (tp = pp = 1), and larger sizes are refused until sharded
-conversion exists. Distributed runs start under `torchrun` (one process per rank; this module
-joins the process group torchrun describes, or a one-process gloo group when run alone).
+conversion exists. Under `torchrun` it joins the process group torchrun describes, alone it forms
+a one-process gloo group; data-parallel gradient reduction across ranks is not written yet.
 
 On CPU megatron-core needs shims (see FACTS.md): a no-op RNG-tracker fork, its global memory
 buffer allocating on the CPU instead of `torch.cuda.current_device()`, and (0.16) RoPE's

@@ -1,9 +1,8 @@
 """The PyTorch trainer: a Hugging Face causal LM, AdamW, gradient accumulation over micro-batches.
 
-Runs on CPU with the fixtures and SmolLM2, and on a GPU when `device` says so. Under `torchrun` it
-wraps the model in DistributedDataParallel and each rank trains its share of the micro-batches
-(the step-wide token weights make the summed gradients exactly the single-process ones). The
-objective is `rlgw.trainer.objective`'s; this module owns the model, the optimizer and export.
+Runs on CPU with the fixtures and SmolLM2, and on a GPU when `device` says so; one process (data
+parallelism over ranks is not written yet). The objective is `rlgw.trainer.objective`'s; this
+module owns the model, the optimizer and export.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from safetensors import safe_open
 from torch import Tensor
 
@@ -72,10 +70,6 @@ class TorchTrainer:
         self.reference = None
         if loss.kl_coef and loss.kl_source == "reference":
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        self.module = self.model
-        if self.distributed:
-            self.module = torch.nn.parallel.DistributedDataParallel(self.model)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=optim.lr,
@@ -88,7 +82,7 @@ class TorchTrainer:
 
     def logits(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> Tensor:
         """The model's logits for the micro-batch, [rows, tokens, vocab]."""
-        m = model if model is not None else self.module
+        m = model if model is not None else self.model
         out = m(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
         return out.logits
 
@@ -105,19 +99,13 @@ class TorchTrainer:
     def loss_and_backward(self, step: StepBatch) -> dict[str, float]:
         """Accumulate the step's gradients (no optimizer step); returns the step's metrics."""
         parts = []
-        mine = step.micro_batches
-        if self.distributed:
-            mine = mine[dist.get_rank() :: dist.get_world_size()]
         tokens = step.rollout_tokens.to(self.device)
-        for mb in mine:
+        for mb in step.micro_batches:
             mb_dev = _to(mb, self.device)
             old, ref = self._aux_log_probs(mb_dev)
             loss, metrics = micro_batch_loss(
                 self.logits(mb_dev), mb_dev, tokens, self.loss_cfg, old_log_probs=old, ref_log_probs=ref
             )
-            if self.distributed:
-                # DDP averages gradients over ranks; the step-wide weights want their sum.
-                loss = loss * dist.get_world_size()
             loss.backward()
             parts.append(metrics)
         return merge_metrics(parts)

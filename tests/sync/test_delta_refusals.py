@@ -4,6 +4,8 @@ encodings' corner cases (changes at element 0 and side by side), on real files, 
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -149,3 +151,46 @@ def test_a_sparse_position_past_the_tensor_is_refused(tmp_path: Path) -> None:
     edit_index(root, "w", stored=len(payloads["w"]))
     with pytest.raises(CheckpointError, match="beyond 1000 elements"):
         apply(root, tmp_path / "out")
+
+
+def dense_delta(root: Path) -> None:
+    """v0 and v1 where every element of `w` changed (a dense XOR stream)."""
+    old = {"w": torch.randn(3000, generator=torch.Generator().manual_seed(2))}
+    index = write_full_version(root, 0, named_bytes(old.items()), durable=False)
+    write_delta_version(root, 1, index, pairs({"w": old["w"] * 1.5}, old), "xor", durable=False)
+    assert ck.read_index(root / ck.version_dirname(1)).tensors["w"].layout == "dense"
+
+
+def reencode(root: Path, name: str, edit: Callable[[bytes], bytes]) -> None:
+    vdir = root / ck.version_dirname(1)
+    with SafetensorsFile(vdir / DELTA_FILE) as sf:
+        payloads = {n: bytes(sf.raw(n)) for n in sf.entries}
+        metadata = dict(sf.metadata)
+    raw = zstd.ZstdDecompressor().stream_reader(payloads[name], read_across_frames=True).read()
+    payloads[name] = zstd.ZstdCompressor(level=1, write_content_size=True).compress(edit(raw))
+    stored = [(n, "U8", (len(p),), p) for n, p in payloads.items()]
+    write_file(vdir / DELTA_FILE, stored, metadata, fsync=False)
+    edit_index(root, name, stored=len(payloads[name]))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [(lambda raw: raw[:-100], "truncated"), (lambda raw: raw + b"\0" * 8, "longer than its tensor")],
+    ids=["short", "long"],
+)
+def test_a_dense_stream_of_the_wrong_length_is_refused(
+    tmp_path: Path, edit: Callable[[bytes], bytes], message: str
+) -> None:
+    root = tmp_path / "pub"
+    dense_delta(root)
+    reencode(root, "w", edit)
+    with pytest.raises(CheckpointError, match=message):
+        apply(root, tmp_path / "out")
+
+
+def test_apply_closes_every_file_it_opens(tmp_path: Path) -> None:
+    root = tmp_path / "pub"
+    publish(root, "xor")
+    before = len(os.listdir("/proc/self/fd"))
+    apply(root, tmp_path / "out")
+    assert len(os.listdir("/proc/self/fd")) == before

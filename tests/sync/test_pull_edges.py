@@ -65,6 +65,22 @@ def test_a_delta_on_the_wrong_base_is_an_out_of_order_chain(tmp_path: Path) -> N
     assert start is not None and start.version == 0 and [d.version for d in deltas] == [1]
 
 
+def test_a_newer_full_version_beats_an_older_local_checkpoint(tmp_path: Path) -> None:
+    root, local = tmp_path / "pub", tmp_path / "local"
+    s = states(4)
+    write_full_version(root, 0, named_bytes(s[0].items()), durable=False)
+    delta(root, 1, 0, s[1], s[0])
+    write_full_version(root, 2, named_bytes(s[2].items()), durable=False)
+    delta(root, 3, 2, s[3], s[2])
+    start, deltas = plan_chain(root, 3, 1)
+    assert start is not None and start.version == 2 and [d.version for d in deltas] == [3]
+    start, deltas = plan_chain(root, 3, 2)  # as new as the full one: start from the local copy
+    assert start is None and [d.version for d in deltas] == [3]
+    pull(root, 1, local, durable=False)
+    r = pull(root, 3, local, durable=False)
+    assert r.chain == [2, 3]
+
+
 def test_no_full_version_and_no_local_checkpoint_cannot_start(tmp_path: Path) -> None:
     root = tmp_path / "pub"
     chain(root, 3)

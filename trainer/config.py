@@ -83,6 +83,13 @@ class SyncSpec(_Strict):
     durable: bool = True
 
 
+class TeacherSpec(_Strict):
+    """Force-decode each kept segment with a teacher: its `teacher_*` fields feed K3 (kl_source="teacher")."""
+
+    url: str  # an SGLang-protocol engine, or "engine": the run's own first engine (self-distillation)
+    top_k: int = Field(20, ge=0)
+
+
 class TrainConfig(_Strict):
     """Everything one `rlgw train` run needs."""
 
@@ -106,6 +113,7 @@ class TrainConfig(_Strict):
     )
     max_staleness: int | None = None  # default: 0 in sync mode, 1 in one-step-async
     sync: SyncSpec = Field(default_factory=SyncSpec)
+    teacher: TeacherSpec | None = None
 
     @classmethod
     def from_file(cls, path: Path) -> TrainConfig:

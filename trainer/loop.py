@@ -107,6 +107,17 @@ class WeightSync:
         }
 
 
+async def _connect_teacher(cfg: TrainConfig, svc: Services) -> Any:
+    from transformers import AutoTokenizer
+
+    from rlgw.gateway.teacher import TeacherBackend
+
+    assert cfg.teacher is not None
+    url = svc.engine_urls[0] if cfg.teacher.url == "engine" else cfg.teacher.url
+    student = await asyncio.to_thread(AutoTokenizer.from_pretrained, cfg.model)
+    return await TeacherBackend.connect(url, student_tokenizer=student)
+
+
 def _dump(path: Path, items: list[StoredTrajectory]) -> None:
     with open(path, "wb") as f:
         for t in items:
@@ -135,6 +146,7 @@ class Loop:
         self.work = Path(cfg.work_dir)
         self.work.mkdir(parents=True, exist_ok=True)
         self.progress, self.dump_dir, self.replay_dir = progress, dump_dir, replay_dir
+        self.teacher: Any = None
         self.receipts_path = self.work / "receipts.jsonl"
         resolved = cfg.model_dump(mode="json")
         self.resolved = resolved
@@ -156,6 +168,8 @@ class Loop:
                 cfg.sync.kind, cfg.sync.encoding, cfg.sync.full_every, cfg.sync.durable,
             )  # fmt: skip
             consumer = TrajectoryConsumer(gw, self.work / "consumer.cursor")
+            if cfg.teacher is not None:
+                self.teacher = await _connect_teacher(cfg, svc)
             version = 0
             first = await sync.push(trainer, version)
             source = cfg.rollout_source()
@@ -196,6 +210,8 @@ class Loop:
                     pending.cancel()
                     with contextlib.suppress(BaseException):
                         await pending
+                if self.teacher is not None:
+                    await self.teacher.aclose()
         return receipts
 
     async def _iteration(self, it: int, trainer: Trainer, sync: WeightSync | None, version: int,
@@ -208,6 +224,8 @@ class Loop:
             items, cfg.acceptance_policy(), current_version=version, max_staleness=cfg.staleness_bound()
         )
         mean, std = reward_stats(rollouts)
+        if self.teacher is not None and rollouts:
+            await self._capture_teacher(rollouts)
         t1 = time.perf_counter()
         metrics: dict[str, float] = {}
         if rollouts:
@@ -246,6 +264,13 @@ class Loop:
                 for k, v in (("rollout", t_rollout), ("train", t_train), ("sync", t_sync))
             },
         }
+
+    async def _capture_teacher(self, rollouts: list) -> None:
+        """Role B on every kept segment; a persistent teacher failure propagates and stops the run."""
+        assert self.teacher is not None and self.cfg.teacher is not None
+        k = self.cfg.teacher.top_k
+        for r in rollouts:
+            r.segments = list(await asyncio.gather(*(self.teacher.capture(s, k) for s in r.segments)))
 
     async def _replay(self, trainer: Trainer) -> list[dict[str, Any]]:
         assert self.replay_dir is not None

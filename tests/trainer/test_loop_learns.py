@@ -110,3 +110,23 @@ def test_scaffold_rollouts_feed_the_loop(tmp_path: Path) -> None:
     assert r["samples"] >= 4 and r["failed_runs"] == 0, r
     assert sum(r["samples_by_status"].values()) == r["samples"]
     assert r["rollouts"] == 4 and r["published"]["served_versions"] == ["1"]
+
+
+@pytest.mark.slow
+def test_teacher_capture_feeds_the_k3_loss(tmp_path: Path) -> None:
+    """Self-distillation: the run's own engine as teacher, so at the start KL(pi || teacher) is about 0."""
+    cfg = json.loads(CONFIG.read_text())
+    cfg.update(iterations=1, teacher={"url": "engine", "top_k": 4})
+    cfg["loss"].update(kl_coef=0.1, kl_source="teacher")
+    config = tmp_path / "teacher.json"
+    config.write_text(json.dumps(cfg))
+    dumps = tmp_path / "dumps"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "train", "--config", str(config),
+         "--work-dir", str(tmp_path / "work"), "--no-progress", "--dump-rollouts", str(dumps)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (r,) = [json.loads(x) for x in (tmp_path / "work" / "receipts.jsonl").read_text().splitlines()]
+    assert r["kl"] is not None and 0.0 <= r["kl"] < 1e-4, r["losses"]
+    assert r["published"]["served_versions"] == ["1"]

@@ -48,6 +48,7 @@ import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.litellm_peer import drain, litellm_proxy  # noqa: E402
 from tests.support.procs import free_port, wait_healthy  # noqa: E402
 
 JSON = {"Content-Type": "application/json"}
@@ -124,6 +125,7 @@ def process(args: list[str], health: str) -> Iterator[subprocess.Popen]:
     proc = subprocess.Popen(
         [sys.executable, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    drain(proc)
     try:
         wait_healthy(health, proc)
         yield proc
@@ -340,8 +342,6 @@ def run_loads(gw: str, gw_pid: int, stub: str, work: Workload, args: argparse.Na
     concurrency = [int(x) for x in args.load.split(",") if x]
     peer_cm = contextlib.nullcontext(None)
     if not args.no_litellm:
-        from bench.litellm_peer import litellm_proxy
-
         peer_cm = litellm_proxy(stub)
     with peer_cm as peer:
         targets = [openai_target("direct", stub + "/v1", "none"), rlgw_target(gw)]

@@ -9,12 +9,14 @@ download at start).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import secrets
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,19 @@ from tests.support.procs import free_port, wait_healthy
 
 VENV = Path(os.environ.get("RLGW_CACHE_DIR") or Path.home() / ".cache" / "rlgw") / "peers" / "litellm"
 PACKAGE = "litellm[proxy]"
+
+
+def drain(proc: subprocess.Popen) -> None:
+    """Read a child's output in a daemon thread (a full pipe would block the child's logging);
+    the last lines stay readable as `proc.output_tail` for error messages."""
+    tail: collections.deque[str] = collections.deque(maxlen=50)
+    proc.output_tail = tail  # type: ignore[attr-defined]
+
+    def run() -> None:
+        for line in proc.stdout or ():
+            tail.append(line)
+
+    threading.Thread(target=run, daemon=True).start()
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,7 @@ def litellm_proxy(stub_url: str, *, workers: int = 1) -> Iterator[Peer]:
         env = {**os.environ, "LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         cmd = [str(exe), "--config", str(config), "--port", str(port), "--num_workers", str(workers)]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        drain(proc)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(url + "/health/liveliness", proc)

@@ -28,6 +28,7 @@ from rlgw.gateway.httpio import (
     parse_body,
     session_for_key,
     session_for_path,
+    session_routes,
     sse_stream,
 )
 from rlgw.gateway.openai_api import ChatCompletionRequest, chat_params, run_turn, stream_turn
@@ -125,18 +126,6 @@ async def count_tokens(request: Request) -> Response:
     return json_response(200, {"input_tokens": len(ids)})
 
 
-@router.post("/s/{session_id}/v1/messages")
-async def messages_by_path(request: Request, session_id: str) -> Response:
-    """Messages for the session named in the path."""
-    return await messages(request, session_for_path(request, session_id))
-
-
-@router.post("/v1/messages")
-async def messages_by_key(request: Request) -> Response:
-    """Messages for the session whose key is sent (`x-api-key` or bearer)."""
-    return await messages(request, session_for_key(request))
-
-
 @router.post("/s/{session_id}/v1/messages/count_tokens")
 async def count_tokens_by_path(request: Request, session_id: str) -> Response:
     """Token count of a conversation, for the session named in the path."""
@@ -149,3 +138,6 @@ async def count_tokens_by_key(request: Request) -> Response:
     """Token count of a conversation, for the session whose key is sent."""
     session_for_key(request)
     return await count_tokens(request)
+
+
+session_routes(router, "/messages", messages, "messages")

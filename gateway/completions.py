@@ -29,8 +29,7 @@ from rlgw.gateway.httpio import (
     EVENT_HEADER,
     cancel_on_disconnect,
     parse_body,
-    session_for_key,
-    session_for_path,
+    session_routes,
     sse_stream,
 )
 from rlgw.gateway.ledger import Violation
@@ -150,7 +149,8 @@ def _finish(result: GenerationResult) -> str:
     return "length" if result.finish_type == "length" else "stop"
 
 
-async def _turn(request: Request, session: Session) -> Response:
+async def completion_turn(request: Request, session: Session) -> Response:
+    """A completions turn for `session`, streamed or not."""
     state = request.app.state
     profile: ModelProfile = state.profile
     req = CompletionRequest.model_validate(await parse_body(request))
@@ -259,13 +259,4 @@ async def _turn(request: Request, session: Session) -> Response:
     return StreamingResponse(sse_stream(first, gen), media_type="text/event-stream")
 
 
-@router.post("/s/{session_id}/v1/completions")
-async def completions_by_path(request: Request, session_id: str) -> Response:
-    """Completions for the session named in the path."""
-    return await _turn(request, session_for_path(request, session_id))
-
-
-@router.post("/v1/completions")
-async def completions_by_key(request: Request) -> Response:
-    """Completions for the session whose key is the bearer token."""
-    return await _turn(request, session_for_key(request))
+session_routes(router, "/completions", completion_turn, "completions")

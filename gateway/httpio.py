@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import Request
+from fastapi import APIRouter, Request
+from starlette.responses import Response
 
 from rlgw.gateway.body_limits import check_counts
 from rlgw.gateway.errors import APIError, AuthError, ClientDisconnected, InvalidRequest
@@ -22,6 +23,27 @@ from rlgw.gateway.tenants import bearer_key
 T = TypeVar("T")
 
 EVENT_HEADER = "x-rlgw-event"  # a segment cause the agent states (compaction, summarization, ...)
+
+
+SessionHandler = Callable[[Request, Session], Awaitable[Response]]
+
+
+def session_routes(router: APIRouter, path: str, handler: SessionHandler, name: str) -> None:
+    """Serve `handler` for a session two ways: `POST /s/{session_id}/v1{path}` (the session named
+    in the path; for agents that only let you set a base URL) and `POST /v1{path}` (the session
+    whose key is sent; for agents that only let you set a key)."""
+
+    async def by_path(request: Request, session_id: str) -> Response:
+        return await handler(request, session_for_path(request, session_id))
+
+    async def by_key(request: Request) -> Response:
+        return await handler(request, session_for_key(request))
+
+    doc = (handler.__doc__ or "").strip().splitlines()[0] if handler.__doc__ else name
+    router.add_api_route(
+        f"/s/{{session_id}}/v1{path}", by_path, methods=["POST"], name=f"{name}_by_path", description=doc
+    )
+    router.add_api_route(f"/v1{path}", by_key, methods=["POST"], name=f"{name}_by_key", description=doc)
 
 
 def session_for_path(request: Request, session_id: str) -> Session:

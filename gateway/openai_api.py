@@ -24,8 +24,8 @@ from rlgw.gateway.httpio import (
     EVENT_HEADER,
     cancel_on_disconnect,
     parse_body,
-    session_for_key,
     session_for_path,
+    session_routes,
     sse_stream,
 )
 from rlgw.gateway.profile import ModelProfile
@@ -345,18 +345,6 @@ def models_list(request: Request) -> Response:
     return json_response(200, doc)
 
 
-@router.post("/s/{session_id}/v1/chat/completions")
-async def chat_by_path(request: Request, session_id: str) -> Response:
-    """Chat completions for the session named in the path."""
-    return await chat_completions(request, session_for_path(request, session_id))
-
-
-@router.post("/v1/chat/completions")
-async def chat_by_key(request: Request) -> Response:
-    """Chat completions for the session whose key is the bearer token."""
-    return await chat_completions(request, session_for_key(request))
-
-
 @router.get("/s/{session_id}/v1/models")
 async def models_by_path(request: Request, session_id: str) -> Response:
     """The served model, for a session's base URL."""
@@ -372,3 +360,6 @@ async def models_by_key(request: Request) -> Response:
     if len(state.tenant_keys) and not (key and (state.sessions.by_key(key) or state.tenant_keys.owner(key))):
         raise AuthError("a session or tenant API key is required")
     return models_list(request)
+
+
+session_routes(router, "/chat/completions", chat_completions, "chat_completions")

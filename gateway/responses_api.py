@@ -23,8 +23,7 @@ from rlgw.gateway.httpio import (
     EVENT_HEADER,
     cancel_on_disconnect,
     parse_body,
-    session_for_key,
-    session_for_path,
+    session_routes,
     sse_stream,
 )
 from rlgw.gateway.openai_api import ChatCompletionRequest, chat_params, run_turn, stream_turn
@@ -106,13 +105,4 @@ def _failed(stream: rt.ResponseStream, exc: APIError) -> bytes:
     return b"".join(named_event(e) for e in stream.fail(exc.body()["error"]))
 
 
-@router.post("/s/{session_id}/v1/responses")
-async def responses_by_path(request: Request, session_id: str) -> Response:
-    """Responses for the session named in the path."""
-    return await responses(request, session_for_path(request, session_id))
-
-
-@router.post("/v1/responses")
-async def responses_by_key(request: Request) -> Response:
-    """Responses for the session whose key is the bearer token."""
-    return await responses(request, session_for_key(request))
+session_routes(router, "/responses", responses, "responses")

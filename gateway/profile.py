@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgw.gateway.errors import StartupError
+from rlgw.gateway.fast_tokenizer import select_encoder
 from rlgw.gateway.reasoning import detect_reasoning
 from rlgw.gateway.render import ChatRenderer, TemplateConfig, read_chat_template
 from rlgw.gateway.tool_calls import detect_tool_format, normalize_tool_format
@@ -70,7 +71,7 @@ def build_profile(
         raise StartupError("the engine's /model_info names no tokenizer_path: pass --tokenizer")
     tok = AutoTokenizer.from_pretrained(tok_path)
     template = read_chat_template(chat_template) if chat_template else None
-    renderer = ChatRenderer(tok, TemplateConfig(chat_template=template))
+    renderer = ChatRenderer(tok, TemplateConfig(chat_template=template), encoder=select_encoder(tok))
     template_text = template or tok.chat_template or ""
     if tool_parser == "auto":
         tool_format = detect_tool_format(template_text)

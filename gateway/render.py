@@ -33,6 +33,7 @@ import jinja2
 from transformers import PreTrainedTokenizerBase
 
 from rlgw.gateway.errors import GatewayError, InvalidRequest
+from rlgw.gateway.fast_tokenizer import HFEncoder, TextEncoder
 
 # Plain text that templates pass through unchanged; it marks where the anchor assistant's
 # content ends. It never reaches the engine (only text after it is tokenized).
@@ -105,11 +106,17 @@ class ChatRenderer:
     renders increments wrongly; `template_probe.probe_template` detects that at start-up.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: TemplateConfig = TemplateConfig()) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        config: TemplateConfig = TemplateConfig(),
+        encoder: TextEncoder | None = None,
+    ) -> None:
         self._tok = tokenizer
-        # A fast tokenizer's backend gives the same ids as `encode(..., add_special_tokens=False)`
-        # unless the wrapper post-processes text (clean-up, normalization done in Python).
-        self._fast = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        # Rendered text -> ids: HF `tokenizers` unless the caller picked an encoder that gives the
+        # same ids faster (gateway/fast_tokenizer.py: bpe-qwen for Qwen's BPE).
+        self._encoder = encoder or HFEncoder(tokenizer)
+        self._encode = self._encoder.encode
         self._config = config
         self._kwargs = dict(config.template_kwargs)
         try:
@@ -167,6 +174,11 @@ class ChatRenderer:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The tokenizer this renderer encodes with."""
         return self._tok
+
+    @property
+    def encoder_name(self) -> str:
+        """Which encoder turns rendered text into ids ("bpe-qwen", "tokenizers", ...)."""
+        return self._encoder.name
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -273,9 +285,7 @@ class ChatRenderer:
 
     def tokenize(self, text: str) -> list[int]:
         """Ids of rendered text: special tokens parsed, no BOS/EOS added (templates write their own)."""
-        if self._fast is not None:  # the Rust tokenizer directly: same ids, less Python per call
-            return self._fast.encode(text, add_special_tokens=False).ids
-        return self._tok.encode(text, add_special_tokens=False, split_special_tokens=False)
+        return self._encode(text)
 
     def _assistant_closing(self) -> str:
         """What the template writes after an assistant turn's content when nothing follows."""

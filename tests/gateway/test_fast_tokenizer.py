@@ -202,3 +202,16 @@ def test_a_vocabulary_bpe_qwen_cannot_build_falls_back_without_killing_the_proce
     text = "hello <|im_end|>"
     assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False)
     assert "bpe-qwen failed to build" in caplog.text and "panicked" in caplog.text
+
+
+def test_the_gateway_profile_renders_with_the_selected_encoder(tiny_qwen3: Path, tiny_chatml: Path) -> None:
+    from rlgw.gateway.profile import build_profile
+
+    qwen = build_profile({"tokenizer_path": str(tiny_qwen3), "max_context_length": 4096})
+    assert qwen.renderer.encoder_name == "bpe-qwen"
+    messages = [{"role": "user", "content": "Hello, what is 2 + 2?"}]
+    text = qwen.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    expected = qwen.tokenizer.encode(text, add_special_tokens=False)
+    assert qwen.renderer.render_prompt(messages, None) == expected
+    chatml = build_profile({"tokenizer_path": str(tiny_chatml), "max_context_length": 4096})
+    assert chatml.renderer.encoder_name == "tokenizers"

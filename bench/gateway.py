@@ -49,6 +49,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.litellm_peer import drain, litellm_proxy  # noqa: E402
+from bench.passthrough import ENGINE_IDS  # noqa: E402
 from tests.support.procs import free_port, wait_healthy  # noqa: E402
 
 JSON = {"Content-Type": "application/json"}
@@ -192,7 +193,7 @@ async def growing_loop(gw: str, peer: str, stub: str, work: Workload, args: argp
             n_ids = work.task_tokens + 20  # the first prompt: task plus template text (estimate)
             for turn in range(args.turns):
                 body = orjson.dumps({"model": "stub", "messages": messages, "tools": TOOLS})
-                ids = np.full(n_ids, 11, dtype=np.int32)
+                ids = ENGINE_IDS[:n_ids]
                 direct_body = orjson.dumps(
                     {"input_ids": ids, "return_logprob": True}, option=orjson.OPT_SERIALIZE_NUMPY
                 )

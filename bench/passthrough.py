@@ -1,7 +1,8 @@
 """A pass-through peer for bench/gateway.py: the same two hops as the gateway, no recording.
 
 It accepts the agent's chat request, parses it, sends the stub engine a `/generate` body
-with as many input ids as the gateway would, and answers the engine's reply. Whatever it
+with as many input ids as the gateway would (drawn from the same vocabulary, so the body has
+about the same size), and answers the engine's reply. Whatever it
 adds over a direct call is the floor that any out-of-process gateway pays on this machine
 (uvicorn + aiohttp, the fastest pair measured here); bench/gateway.py prints it beside rlgw.
 
@@ -21,6 +22,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+# Ids drawn like a real prompt's (Qwen3's vocabulary), so the engine request body is as many
+# bytes as the gateway's: its size, not just its length, is part of the hop's cost.
+ENGINE_IDS = np.random.default_rng(0).integers(0, 151_643, size=1 << 17, dtype=np.int32)
+
 
 def build_app(engine_url: str) -> Starlette:
     """POST /chat: body {"messages": [...], "n_ids": N} -> the engine's /generate reply."""
@@ -28,7 +33,7 @@ def build_app(engine_url: str) -> Starlette:
 
     async def chat(request: Request) -> Response:
         doc = orjson.loads(await request.body())
-        ids = np.full(int(doc["n_ids"]), 11, dtype=np.int32)
+        ids = ENGINE_IDS[: int(doc["n_ids"])]
         payload = orjson.dumps({"input_ids": ids, "return_logprob": True}, option=orjson.OPT_SERIALIZE_NUMPY)
         if "s" not in state:
             state["s"] = aiohttp.ClientSession(json_serialize=None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.render import ChatRenderer, TemplateConfig, check_template_kwargs
+from rlgw.gateway.render import ChatRenderer, TemplateConfig, TemplateIncompatible, check_template_kwargs
 from tests.gateway.real_tokenizers import qwen3_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -82,6 +82,17 @@ def test_a_template_without_role_markup_renders_increments_from_the_start_of_the
     r = renderer("{% for m in messages %}{{ m.content }}<|im_end|>\n{% endfor %}")
     inc = r.render_continuation([{"role": "tool", "content": "sunny"}], None, previous_ended_with_eos=True)
     assert text(r, inc) == "\nsunny<|im_end|>\n"
+
+
+def test_a_template_that_drops_an_opening_assistant_turn_is_refused_for_that_increment() -> None:
+    # The history has no user message, so the anchor is the assistant turn alone; this template
+    # skips an assistant turn that opens the conversation, and with it the anchor's sentinel.
+    r = renderer(
+        "{% for m in messages %}{% if m.role != 'assistant' or not loop.first %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    )
+    with pytest.raises(TemplateIncompatible, match="dropped the anchor"):
+        r.render_continuation([USER], None, previous_ended_with_eos=True, anchor_user=None)
 
 
 def test_end_of_turn_bookkeeping() -> None:

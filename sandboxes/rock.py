@@ -1,8 +1,9 @@
 """The ROCK sandbox: a client for ROCK's admin HTTP API (`/apis/envs/sandbox/v1/...`).
 
 It speaks the contract of ROCK's own SDK (`rl-rock`, `rock/sdk/sandbox/client.py`):
-`start_async` then `get_status` polling until `is_alive`, `execute`, `create_session` /
-`run_in_session` / `close_session`, `read_file`, `write_file`, multipart `upload`, `stop`;
+`start_async` then `get_status` polling until `is_alive`, `execute`, `read_file`, `write_file`,
+multipart `upload`, `stop` (ROCK's persistent bash sessions are not used: every command runs
+detached through `execute`, see below);
 every answer is the envelope `{status: "Success"|"Failed", message, error, result}`; the
 key travels as `XRL-Authorization: Bearer KEY`. Directory transfer goes through `upload`
 plus `tar`, downloads through `execute` with `tar | base64` (ROCK's admin API has no
@@ -324,63 +325,6 @@ class RockSandbox:
         return await self._execute(
             command, timeout=timeout, cwd=resolve(self.workdir, cwd) if cwd else self.workdir, env=env
         )
-
-    async def run_in_session(
-        self,
-        command: str,
-        *,
-        session: str = "default",
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> str:
-        """Run `command` in a persistent bash session (created on first use); returns its output.
-
-        Sessions keep shell state (cwd, exported variables) between calls, as ROCK's
-        `create_session` / `run_in_session` do.
-        """
-        ok, result, error = await self._call(
-            "POST",
-            "run_in_session",
-            json={
-                "sandbox_id": self._sandbox_id,
-                "action_type": "bash",
-                "session": session,
-                "command": command,
-                "timeout": timeout,
-                "check": "silent",
-            },
-            read_timeout=(timeout or 1200) + HTTP_SLACK_S,
-        )
-        if not ok:
-            raise SandboxCommandError(f"ROCK run_in_session failed in {self._sandbox_id}: {error}")
-        return result.get("output", "")
-
-    async def create_session(self, session: str = "default", env: Mapping[str, str] | None = None) -> None:
-        """Open a persistent bash session named `session`."""
-        ok, _, error = await self._call(
-            "POST",
-            "create_session",
-            json={
-                "sandbox_id": self._sandbox_id,
-                "session_type": "bash",
-                "session": session,
-                "env_enable": env is not None,
-                "env": dict(env) if env else None,
-            },
-        )
-        if not ok:
-            raise SandboxCommandError(
-                f"ROCK create_session {session!r} failed in {self._sandbox_id}: {error}"
-            )
-
-    async def close_session(self, session: str = "default") -> None:
-        """Close a bash session."""
-        ok, _, error = await self._call(
-            "POST",
-            "close_session",
-            json={"sandbox_id": self._sandbox_id, "session_type": "bash", "session": session},
-        )
-        if not ok:
-            raise SandboxCommandError(f"ROCK close_session {session!r} failed in {self._sandbox_id}: {error}")
 
     async def write_file(self, path: str, content: str | bytes) -> None:
         """Text goes through `write_file`; bytes through `upload` (exact)."""

@@ -27,9 +27,9 @@ from rlgw.gateway.store import TrajectoryStore
 from rlgw.gateway.viewer import viewer_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.gateway import browser
-from tests.gateway.viewer_samples import tool_conversation
+from tests.support import browser
 from tests.support.procs import FIXTURES, serve_in_thread
+from tests.support.viewer_samples import tool_conversation
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from rlgw.gateway.store import TrajectoryStore
-from tests.gateway.sample_factory import make_sample
 from tests.support.procs import FIXTURES, REPO, free_port, rlgw_process
+from tests.support.sample_factory import make_sample
 
 
 def _quickstart() -> str:

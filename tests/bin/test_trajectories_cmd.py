@@ -15,7 +15,7 @@ import pytest
 
 from rlgw.gateway.sample import Sample
 from rlgw.gateway.store import TrajectoryStore
-from tests.gateway.sample_factory import assert_same_sample, make_sample
+from tests.support.sample_factory import assert_same_sample, make_sample
 
 
 def rlgw(*args: str, data_dir: Path | None = None) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from rlgw.gateway.store import TrajectoryStore
-from tests.gateway.sample_factory import make_sample
+from tests.support.sample_factory import make_sample
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 
 from rlgw.gateway.store import TrajectoryStore
-from tests.gateway.viewer_samples import tool_conversation
 from tests.support.procs import FIXTURES, free_port, rlgw_process
+from tests.support.viewer_samples import tool_conversation
 
 
 def _store(tmp_path: Path) -> tuple[Path, int]:

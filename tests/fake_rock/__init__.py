@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.scaffolds.venvs import agent_venv
+from tests.support.agent_venvs import agent_venv
 from tests.support.procs import REPO, free_port, wait_healthy
 
 ROCK_VERSION = "1.11.0"

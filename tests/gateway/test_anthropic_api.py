@@ -1,7 +1,7 @@
 """The Messages surface driven by the real `anthropic` SDK through a capture session.
 
 `rlgw serve` in front of the recording proxy and the embedded engine on tiny-qwen3 (the
-harness of `test_e2e`): each tool loop is recorded as one sample and checked token for token
+harness of `tests/support/e2e.py`): each tool loop is recorded as one sample and checked token for token
 (mask-1 = the engine's ids, mask-0 = the template's full-render increments, logprobs = the
 engine's teacher-forced logprobs). Errors answer in Anthropic's format.
 """
@@ -18,9 +18,9 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.surface_e2e import chat_reply, result_text
-from tests.gateway.test_e2e import Run, Stack, check_sample, echo, finish, open_session, stack, stored
 from tests.support import fixture_prompts as fp
+from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stack, stored
+from tests.support.surface_e2e import chat_reply, result_text
 
 pytestmark = pytest.mark.slow
 

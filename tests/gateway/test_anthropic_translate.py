@@ -12,7 +12,7 @@ from pydantic import TypeAdapter
 from rlgw.gateway import anthropic_translate as at
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.openai_api import ChatCompletionRequest, chat_params
-from tests.gateway import surface_chunks as sc
+from tests.support import surface_chunks as sc
 
 CONVERSATION: list[dict[str, Any]] = [
     {

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from rlgw.gateway.anthropic_translate import MessagesInput, chat_request
-from tests.gateway.test_e2e import Stack, finish, mask_runs, open_session, stack, stored
+from tests.support.e2e import Stack, finish, mask_runs, open_session, stack, stored
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ from rlgw.gateway.client import (
     RejectedSegment,
 )
 from rlgw.gateway.store import TrajectoryStore
-from tests.gateway.sample_factory import assert_same_sample, make_sample
-from tests.gateway.trajectory_app import serve, trajectory_app
+from tests.support.sample_factory import assert_same_sample, make_sample
+from tests.support.trajectory_app import serve, trajectory_app
 
 BASE = "http://gw.test"
 

@@ -9,8 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from rlgw.gateway.detokenize import IncrementalDetokenizer
-from tests.gateway.real_tokenizers import qwen3_tokenizer
 from tests.support.procs import FIXTURES
+from tests.support.real_tokenizers import qwen3_tokenizer
 
 MULTIBYTE = (
     "Résumé: 日本語のテキスト, emoji 🌸👩‍👩‍👧 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math, Ελληνικά, עברית, "

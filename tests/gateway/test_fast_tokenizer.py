@@ -21,8 +21,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from rlgw.gateway import fast_tokenizer
 from rlgw.gateway.fast_tokenizer import BpeQwenEncoder, HFEncoder, qwen_bpe_mismatch, select_encoder
-from tests.gateway.real_tokenizers import qwen3_tokenizer
 from tests.support.procs import REPO
+from tests.support.real_tokenizers import qwen3_tokenizer
 
 pytest.importorskip("bpe_qwen")
 

@@ -17,8 +17,8 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.gateway.test_e2e import Run, Stack, check_sample, echo, finish, open_session, stored, tool_result
 from tests.support import fixture_prompts as fp
+from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stored, tool_result
 from tests.support.procs import engine_server, free_port, wait_healthy
 from tests.support.recording_proxy import recording_proxy
 

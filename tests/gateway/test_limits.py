@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from rlgw.gateway.limits import Limits, LimitTable, RateLimited, TokenWindow
-from tests.gateway.gateway_proc import Gateway, gateway
 from tests.support.fault_engine import FaultEngine, fault_engine
+from tests.support.gateway_proc import Gateway, gateway
 
 # ---------------------------------------------------------------- the pieces alone
 

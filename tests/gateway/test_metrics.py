@@ -17,8 +17,8 @@ from starlette.routing import Route
 
 from rlgw.gateway import metrics
 from rlgw.gateway.limits import turn_generated
-from tests.gateway.gateway_proc import Gateway, gateway
 from tests.support.fault_engine import FaultEngine, fault_engine
+from tests.support.gateway_proc import Gateway, gateway
 
 ENGINE_S = 0.05
 

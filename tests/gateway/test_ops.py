@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from rlgw.gateway.store import DB_NAME
-from tests.gateway.gateway_proc import Gateway, gateway
 from tests.support.fault_engine import FaultEngine, fault_engine
+from tests.support.gateway_proc import Gateway, gateway
 
 TENANT_KEY = "key-a-0123456789abcdef"
 ADMIN_KEY = "admin-0123456789abcdef"

@@ -15,7 +15,7 @@ from rlgw.gateway.tool_calls import (
     detect_tool_format,
     normalize_tool_format,
 )
-from tests.gateway.real_tokenizers import qwen3_tokenizer
+from tests.support.real_tokenizers import qwen3_tokenizer
 
 TOOLS = [
     {

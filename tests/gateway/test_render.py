@@ -25,7 +25,7 @@ from rlgw.gateway.render import (
     TemplateIncompatible,
     read_chat_template,
 )
-from tests.gateway.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
+from tests.support.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
 
 EOT = "<|im_end|>"
 TOOLS = [

@@ -13,7 +13,7 @@ from pydantic import TypeAdapter
 from rlgw.gateway import responses_translate as rt
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.openai_api import ChatCompletionRequest, chat_params
-from tests.gateway import surface_chunks as sc
+from tests.support import surface_chunks as sc
 
 ITEMS: list[dict[str, Any]] = [
     {"role": "developer", "content": "Be terse."},

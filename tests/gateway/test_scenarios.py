@@ -2,7 +2,7 @@
 
 Every scenario is a scripted agent talking to the real gateway in front of the real engine
 (through the recording proxy). Each stored sample is checked token for token
-(`test_e2e.check_sample`): mask-1 tokens are the engine's output ids for each rid and the
+(`tests/support/e2e.py`, `check_sample`): mask-1 tokens are the engine's output ids for each rid and the
 engine was fed exactly the series before them; mask-0 spans are the template's own full-render
 increments; recorded logprobs equal the engine's teacher-forced logprobs. Scenarios that
 rewrite history, change tools, switch API or resend a request must produce the segments
@@ -22,7 +22,8 @@ import numpy as np
 import openai
 import pytest
 
-from tests.gateway.test_e2e import (
+from tests.support import fixture_prompts as fp
+from tests.support.e2e import (
     Run,
     Stack,
     check_sample,
@@ -33,7 +34,6 @@ from tests.gateway.test_e2e import (
     stored,
     tool_result,
 )
-from tests.support import fixture_prompts as fp
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ class Agent:
         if self.kw:
             kwargs["extra_body"] = {"chat_template_kwargs": self.kw}
         if self.stream:
-            from tests.gateway.test_e2e import collect_stream
+            from tests.support.e2e import collect_stream
 
             msg = collect_stream(
                 self.client.chat.completions.create(model="m", messages=self.messages, stream=True, **kwargs)

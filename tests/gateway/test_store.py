@@ -18,7 +18,7 @@ from rlgw.gateway.store import (
     default_data_dir,
     encode_arrays,
 )
-from tests.gateway.sample_factory import assert_same_sample, make_sample
+from tests.support.sample_factory import assert_same_sample, make_sample
 
 
 @pytest.fixture

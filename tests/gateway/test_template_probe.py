@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 
 from rlgw.gateway.render import ChatRenderer, TemplateConfig
 from rlgw.gateway.template_probe import probe_template
-from tests.gateway.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
+from tests.support.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
 
 
 def test_qwen3_findings() -> None:

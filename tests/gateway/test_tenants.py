@@ -19,8 +19,8 @@ from rlgw.gateway.errors import Conflict
 from rlgw.gateway.limits import Limits
 from rlgw.gateway.tenant_store import DB_NAME, TenantStore
 from rlgw.gateway.tenants import KeyTable, key_digest
-from tests.gateway.gateway_proc import Gateway, gateway
 from tests.support.fault_engine import FaultEngine, fault_engine
+from tests.support.gateway_proc import Gateway, gateway
 
 # ---------------------------------------------------------------- the pieces alone
 

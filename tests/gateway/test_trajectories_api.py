@@ -13,8 +13,8 @@ import pytest
 from rlgw.gateway.sample import Sample
 from rlgw.gateway.store import TrajectoryStore
 from rlgw.gateway.trajectories_api import PAGE_ROWS
-from tests.gateway.sample_factory import assert_same_sample, make_sample
-from tests.gateway.trajectory_app import serve, trajectory_app
+from tests.support.sample_factory import assert_same_sample, make_sample
+from tests.support.trajectory_app import serve, trajectory_app
 
 KEYS = {"key-alice": "alice", "key-bob": "bob"}
 

@@ -22,7 +22,7 @@ from rlgw.gateway.errors import install_error_handlers
 from rlgw.gateway.sample import Sample, SampleStatus
 from rlgw.gateway.store import TrajectoryStore
 from rlgw.gateway.tenants import KeyTable
-from tests.gateway.viewer_samples import tool_conversation
+from tests.support.viewer_samples import tool_conversation
 
 KEYS = {"key-alice": "alice", "key-bob": "bob"}
 

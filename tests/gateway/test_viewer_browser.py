@@ -14,10 +14,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from rlgw.gateway.store import TrajectoryStore
-from tests.gateway import browser
 from tests.gateway.test_viewer import _keyed_app
-from tests.gateway.viewer_samples import tool_conversation
+from tests.support import browser
 from tests.support.procs import serve_in_thread
+from tests.support.viewer_samples import tool_conversation
 
 pytestmark = pytest.mark.skipif(browser.missing() is not None, reason=str(browser.missing()))
 

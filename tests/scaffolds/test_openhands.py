@@ -12,7 +12,7 @@ import pytest
 from rlgw.scaffolds.openhands import OpenHandsScaffold
 from rlgw.scaffolds.scaffold import CaptureConflictError, TrajectoryInfo
 from rlgw.scaffolds.termination import TerminationReason as R
-from tests.scaffolds.helpers import ctx, log
+from tests.support.scaffold_helpers import ctx, log
 
 
 def reason(sc: OpenHandsScaffold, info: TrajectoryInfo, exit_code: int | None = 0, timed_out=False) -> R:

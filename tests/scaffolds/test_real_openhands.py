@@ -18,8 +18,8 @@ import pytest
 
 from rlgw.scaffolds.openhands import OpenHandsScaffold
 from rlgw.scaffolds.termination import TerminationReason as R
-from tests.scaffolds.real_runs import TASKS, UNSOLVED_REWARD, assert_plumbing, report_line, run_real
-from tests.scaffolds.venvs import agent_venv
+from tests.support.agent_venvs import agent_venv
+from tests.support.real_runs import TASKS, UNSOLVED_REWARD, assert_plumbing, report_line, run_real
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_agent]
 

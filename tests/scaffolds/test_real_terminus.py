@@ -15,7 +15,8 @@ import pytest
 
 from rlgw.scaffolds.termination import TerminationReason as R
 from rlgw.scaffolds.terminus import Terminus2Scaffold
-from tests.scaffolds.real_runs import (
+from tests.support.agent_venvs import agent_venv
+from tests.support.real_runs import (
     TASKS,
     UNSOLVED_REWARD,
     assert_plumbing,
@@ -23,7 +24,6 @@ from tests.scaffolds.real_runs import (
     report_line,
     run_real,
 )
-from tests.scaffolds.venvs import agent_venv
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_agent]
 

@@ -10,7 +10,7 @@ import pytest
 from rlgw.scaffolds.scaffold import CaptureConflictError
 from rlgw.scaffolds.termination import TerminationReason as R
 from rlgw.scaffolds.terminus import Terminus2Scaffold
-from tests.scaffolds.helpers import ctx, log
+from tests.support.scaffold_helpers import ctx, log
 
 
 def test_capture_command_forces_summarization_off() -> None:

@@ -19,8 +19,8 @@ from rlgw.trainer.consumer import (
     mask_stale_tokens,
     to_rollouts,
 )
-from tests.gateway.sample_factory import make_sample
-from tests.gateway.trajectory_app import serve, trajectory_app
+from tests.support.sample_factory import make_sample
+from tests.support.trajectory_app import serve, trajectory_app
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 from rlgw.scaffolds.scaffold import LLMEndpoint, Mode, ScaffoldContext
 from rlgw.scaffolds.tasks import Task
 
-LOGS = Path(__file__).with_name("logs")
+LOGS = Path(__file__).parents[1] / "scaffolds" / "logs"
 
 
 def ctx(mode: Mode = "capture", max_turns: int = 3) -> ScaffoldContext:

@@ -1,6 +1,6 @@
-"""Helpers for the Messages and Responses end-to-end tests, on top of `test_e2e`'s harness.
+"""Helpers for the Messages and Responses end-to-end tests, on top of the harness in `tests/support/e2e.py`.
 
-`test_e2e.check_sample` checks a stored sample against `Run.requests` (the conversation in chat
+`e2e.check_sample` checks a stored sample against `Run.requests` (the conversation in chat
 messages, as the template renders it) and `Run.replies` (objects shaped like the openai SDK's
 assistant message). These helpers turn other SDKs' replies into that shape and give the tool
 results the fixture was trained on.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.gateway.test_e2e import StreamedMessage, _Call, _Fn
 from tests.support import fixture_prompts as fp
+from tests.support.e2e import StreamedMessage, _Call, _Fn
 
 
 def chat_reply(content: str, reasoning: str | None, calls: list[tuple[str, str, str]]) -> StreamedMessage:

@@ -1,0 +1,255 @@
+"""The end-to-end harness: an engine, a recording proxy and `rlgw serve`, an agent loop with the
+real `openai` client, and the three token-exactness checks of a stored sample.
+
+- every mask-1 token is an engine output id, in order, for the rid that produced it, and the
+  engine was fed exactly the series before it;
+- mask-0 tokens are exactly the template's rendering of the non-generated parts;
+- the recorded logprobs equal the engine's teacher-forced logprobs of the final series.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+from transformers import AutoTokenizer
+
+from tests.support import fixture_prompts as fp
+from tests.support.procs import engine_server, free_port, rlgw_process
+from tests.support.recording_proxy import Recorder, recording_proxy
+
+
+@dataclass
+class Stack:
+    """A running engine, recording proxy and gateway."""
+
+    gateway: str
+    engine: str
+    recorder: Recorder
+    tokenizer: Any
+
+
+@contextlib.contextmanager
+def stack(model: Path, tmp: Path, *gateway_args: str) -> Iterator[Stack]:
+    """Engine on `model`, the recording proxy in front of it, and `rlgw serve` in front of that."""
+    with engine_server(model) as engine, recording_proxy(engine) as (proxy, recorder):
+        port = free_port()
+        args = ["serve", "--engine-url", proxy, "--port", str(port), "--data-dir", str(tmp), *gateway_args]
+        with rlgw_process(args, "/health", port) as gw:
+            yield Stack(gw, engine, recorder, AutoTokenizer.from_pretrained(model))
+
+
+def open_session(st: Stack, **body: Any) -> dict[str, Any]:
+    """A capture session whose agent (the test) sets the sampling: greedy runs stay deterministic."""
+    r = httpx.post(
+        st.gateway + "/v1/sessions", json={"task_id": "t", "sampling_precedence": "request", **body}
+    )
+    r.raise_for_status()
+    return r.json()
+
+
+def finish(st: Stack, sid: str, reward: float = 1.0) -> dict[str, Any]:
+    r = httpx.post(st.gateway + f"/v1/sessions/{sid}/finish", json={"reward": reward})
+    r.raise_for_status()
+    return r.json()
+
+
+def stored(st: Stack, cursor: int) -> dict[str, Any]:
+    r = httpx.get(st.gateway + f"/v1/trajectories/{cursor}")
+    r.raise_for_status()
+    return r.json()
+
+
+@dataclass
+class Run:
+    """What the agent sent each turn, and what came back."""
+
+    requests: list[list[dict[str, Any]]] = field(default_factory=list)
+    replies: list[Any] = field(default_factory=list)
+
+
+def echo(message: Any, *, reserialize: bool, drop_reasoning: bool) -> dict[str, Any]:
+    """The assistant message as a careless agent sends it back."""
+    out: dict[str, Any] = {"role": "assistant", "content": message.content}
+    reasoning = getattr(message, "reasoning_content", None)
+    if reasoning and not drop_reasoning:
+        out["reasoning_content"] = reasoning
+    if message.tool_calls:
+        calls = []
+        for c in message.tool_calls:
+            args = c.function.arguments
+            if reserialize:  # pretty-printed, keys reordered: not the bytes the model emitted
+                args = json.dumps(json.loads(args), indent=2, sort_keys=True)
+            calls.append(
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}}
+            )
+        out["tool_calls"] = calls
+    return out
+
+
+def tool_result(call: Any) -> str:
+    args = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        return fp.weather_result(args.get("city", "?"), "sunny", 20)
+    return json.dumps({"files": ["a.txt", "b.txt"]})
+
+
+def run_agent(
+    st: Stack,
+    session: dict[str, Any],
+    messages: list[dict[str, Any]],
+    *,
+    followups: list[str],
+    tools: list[dict[str, Any]] | None = fp.TOOLS,
+    stream: bool = False,
+    max_turns: int = 8,
+    reserialize: bool = True,
+    drop_reasoning: bool = True,
+    **create: Any,
+) -> Run:
+    """A tool loop with the real openai client: call tools, answer with results, ask follow-ups."""
+    client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+    messages = list(messages)
+    followups = list(followups)
+    run = Run()
+    create = {"temperature": 0.0, **create}
+    for _ in range(max_turns):
+        run.requests.append(list(messages))
+        kwargs = {"tools": tools} if tools else {}
+        if stream:
+            msg = collect_stream(
+                client.chat.completions.create(model="m", messages=messages, stream=True, **kwargs, **create)
+            )
+        else:
+            msg = (
+                client.chat.completions.create(model="m", messages=messages, **kwargs, **create)
+                .choices[0]
+                .message
+            )
+        run.replies.append(msg)
+        messages.append(echo(msg, reserialize=reserialize, drop_reasoning=drop_reasoning))
+        if msg.tool_calls:
+            for c in msg.tool_calls:
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": tool_result(c)})
+        elif followups:
+            messages.append({"role": "user", "content": followups.pop(0)})
+        else:
+            break
+    return run
+
+
+@dataclass
+class StreamedMessage:
+    content: str | None
+    reasoning_content: str | None
+    tool_calls: list[Any]
+
+
+@dataclass
+class _Fn:
+    name: str
+    arguments: str
+
+
+@dataclass
+class _Call:
+    id: str
+    function: _Fn
+
+
+def collect_stream(chunks: Any) -> StreamedMessage:
+    """Assemble a streamed reply the way OpenAI clients do."""
+    content, reasoning, calls = "", "", {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            d = choice.delta
+            content += d.content or ""
+            reasoning += getattr(d, "reasoning_content", None) or ""
+            for tc in d.tool_calls or []:
+                entry = calls.setdefault(tc.index, _Call(tc.id or "", _Fn("", "")))
+                if tc.id:
+                    entry.id = tc.id
+                if tc.function and tc.function.name:
+                    entry.function.name = tc.function.name
+                if tc.function and tc.function.arguments:
+                    entry.function.arguments += tc.function.arguments
+    return StreamedMessage(content, reasoning or None, [calls[i] for i in sorted(calls)])
+
+
+def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s."""
+    runs, start = [], None
+    for i, v in enumerate([*mask.tolist(), 0]):
+        if v and start is None:
+            start = i
+        elif not v and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def expected_increment(tok: Any, history: list[dict], new: list[dict], tools: Any, kw: dict) -> str:
+    """The template's text for `new` after the assistant turn ending `history` (full renders)."""
+    t = {"tools": tools} if tools else {}
+    full = tok.apply_chat_template(history + new, add_generation_prompt=True, tokenize=False, **t, **kw)
+    bare = tok.apply_chat_template(history + new, add_generation_prompt=False, tokenize=False, **t, **kw)
+    i = bare.rfind("<|im_start|>assistant")
+    j = bare.index("<|im_end|>", i) + len("<|im_end|>")
+    return full[j:]
+
+
+def check_sample(st: Stack, doc: dict, run: Run, tools: Any, kw: dict) -> None:
+    """The three token-exactness properties of a stored sample."""
+    tok = st.tokenizer
+    tokens = np.asarray(doc["tokens"])
+    n = doc["response_length"]
+    p = len(tokens) - n
+    mask = np.asarray(doc["loss_mask"])
+    logprobs = np.asarray(doc["rollout_log_probs"])
+    rids = doc["metadata"]["engine_rids"]
+    runs = [(p + a, p + b) for a, b in mask_runs(mask)]
+    assert len(runs) == len(rids) == len(run.replies)
+
+    # Mask 1: exactly the engine's output ids and logprobs for each rid, in order.
+    for (a, b), rid in zip(runs, rids, strict=True):
+        ex = st.recorder.by_rid[rid]
+        assert tokens[a:b].tolist() == ex.output_ids
+        np.testing.assert_allclose(logprobs[a - p : b - p], ex.logprobs, atol=1e-6)
+        # ...and the engine was fed exactly the series up to this turn.
+        assert ex.input_ids == tokens[:a].tolist()
+
+    # Mask 0: the prompt, then each increment, as the template renders them.
+    t = {"tools": tools} if tools else {}
+    prompt = tok.apply_chat_template(run.requests[0], add_generation_prompt=True, tokenize=False, **t, **kw)
+    assert tok.decode(tokens[:p].tolist()) == prompt
+    assert tokens[:p].tolist() == tok.encode(prompt, add_special_tokens=False)
+    for k in range(1, len(runs)):
+        history = [*run.requests[k - 1], echo(run.replies[k - 1], reserialize=False, drop_reasoning=False)]
+        new = run.requests[k][len(history) :]
+        text = expected_increment(tok, history, new, tools, kw)
+        span = tokens[runs[k - 1][1] : runs[k][0]].tolist()
+        assert tok.decode(span) == text
+        assert span == tok.encode(text, add_special_tokens=False)
+
+    # Logprobs: equal to the engine's teacher-forced logprobs of the final series.
+    r = httpx.post(
+        st.engine + "/generate",
+        json={
+            "input_ids": tokens.tolist(),
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        },
+        timeout=120,
+    )
+    r.raise_for_status()
+    forced = [e[0] for e in r.json()["meta_info"]["input_token_logprobs"]]
+    for a, b in runs:
+        np.testing.assert_allclose(logprobs[a - p : b - p], forced[a:b], atol=1e-4)

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from rlgw.trainer.batch import MicroBatch, StepBatch
 from rlgw.trainer.objective import LossConfig, merge_metrics, micro_batch_loss
-from rlgw.trainer.torch_trainer import OptimConfig, checkpoint_tensor_names
+from rlgw.trainer.torch_trainer import OptimConfig, checkpoint_tensor_names, optimizer_step
 
 SUPPORTED = {"qwen3", "qwen2", "llama", "mistral"}
 
@@ -289,12 +289,7 @@ class MegatronTrainer:
         """Zero grads, accumulate, clip, one AdamW step."""
         self.optimizer.zero_grad(set_to_none=True)
         metrics = self.loss_and_backward(step)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.optim_cfg.grad_clip or float("inf"))
-        self.optimizer.step()
-        metrics["grad_norm"] = float(norm)
-        metrics["trainable_tokens"] = float(step.trainable_tokens)
-        return metrics
+        return optimizer_step(self.model, self.optimizer, self.optim_cfg, metrics, step)
 
     def hf_gradients(self) -> dict[str, Tensor]:
         """The current gradients under HF names (for comparing with the PyTorch trainer)."""

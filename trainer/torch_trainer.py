@@ -114,12 +114,7 @@ class TorchTrainer:
         """Zero grads, accumulate over micro-batches, clip, one AdamW step."""
         self.optimizer.zero_grad(set_to_none=True)
         metrics = self.loss_and_backward(step)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.optim_cfg.grad_clip or float("inf"))
-        self.optimizer.step()
-        metrics["grad_norm"] = float(norm)
-        metrics["trainable_tokens"] = float(step.trainable_tokens)
-        return metrics
+        return optimizer_step(self.model, self.optimizer, self.optim_cfg, metrics, step)
 
     def export_weights(self) -> Iterator[tuple[str, Tensor]]:
         """The checkpoint's tensors (same names and dtypes as the HF files it was loaded from)."""
@@ -144,3 +139,19 @@ def _to(mb: MicroBatch, device: torch.device) -> MicroBatch:
         rollout_index=mb.rollout_index.to(device),
         teacher_log_probs=None if mb.teacher_log_probs is None else mb.teacher_log_probs.to(device),
     )
+
+
+def optimizer_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: OptimConfig,
+    metrics: dict[str, float],
+    step: StepBatch,
+) -> dict[str, float]:
+    """Clip the accumulated gradients, take one optimizer step, and add the step's metrics."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf"))
+    optimizer.step()
+    metrics["grad_norm"] = float(norm)
+    metrics["trainable_tokens"] = float(step.trainable_tokens)
+    return metrics

@@ -12,13 +12,9 @@ SmolLM2's ChatML), checked token for token against what the engine returned:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
 import numpy as np
 import openai
-import pytest
 
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import (
@@ -28,21 +24,8 @@ from tests.support.e2e import (
     mask_runs,
     open_session,
     run_agent,
-    stack,
     stored,
 )
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tiny_qwen3, tmp_path_factory.mktemp("store-qwen3")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def chatml(tiny_chatml: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tiny_chatml, tmp_path_factory.mktemp("store-chatml"), "--tool-parser", "hermes") as s:
-        yield s
 
 
 def test_qwen3_parallel_tool_loop_is_token_exact(qwen3: Stack) -> None:

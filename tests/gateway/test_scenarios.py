@@ -12,9 +12,8 @@ rewrite history, change tools, switch API or resend a request must produce the s
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,23 +29,9 @@ from tests.support.e2e import (
     echo,
     finish,
     open_session,
-    stack,
     stored,
     tool_result,
 )
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tiny_qwen3, tmp_path_factory.mktemp("store-qwen3")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def chatml(tiny_chatml: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tiny_chatml, tmp_path_factory.mktemp("store-chatml"), "--tool-parser", "hermes") as s:
-        yield s
-
 
 OFF = {"enable_thinking": False}
 ON = {"enable_thinking": True}

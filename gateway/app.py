@@ -155,7 +155,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
             # Everything loaded so far (tokenizer, template, modules) lives as long as the process:
             # keep it out of the cyclic collector's generations so collections stay cheap.
             gc.freeze()
-            restored = app.state.sessions.restore_all()
+            finished = await store.stored_sessions(journal.session_ids())
+            restored = app.state.sessions.restore_all(finished)
             if restored:
                 log.info("sessions restored from the journal", extra={"fields": {"sessions": restored}})
             sweeper = asyncio.create_task(_sweep_sessions(app, config.session_ttl))

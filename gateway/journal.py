@@ -117,6 +117,11 @@ class SessionJournal:
         await self._write("DELETE FROM turns WHERE session = ?", (session_id,))
         await self._write("DELETE FROM sessions WHERE id = ?", (session_id,))
 
+    def forget(self, session_id: str) -> None:
+        """`closed`, blocking (at start-up, before the loop serves anything)."""
+        self._run("DELETE FROM turns WHERE session = ?", (session_id,))
+        self._run("DELETE FROM sessions WHERE id = ?", (session_id,))
+
     def load(self, session_id: str) -> JournaledSession | None:
         """One open session, or None (blocking: a few milliseconds; used on a miss)."""
         with self._lock:
@@ -132,11 +137,14 @@ class SessionJournal:
             row = self._conn.execute("SELECT id FROM sessions WHERE key = ?", (key_digest,)).fetchone()
         return row[0] if row else None
 
+    def session_ids(self) -> list[str]:
+        """The ids of the open sessions, oldest first."""
+        with self._lock:
+            return [r[0] for r in self._conn.execute("SELECT id FROM sessions ORDER BY rowid")]
+
     def load_all(self) -> list[JournaledSession]:
         """Every open session, oldest first (at start-up)."""
-        with self._lock:
-            ids = [r[0] for r in self._conn.execute("SELECT id FROM sessions ORDER BY rowid")]
-        return [s for s in (self.load(i) for i in ids) if s is not None]
+        return [s for s in (self.load(i) for i in self.session_ids()) if s is not None]
 
     def close(self) -> None:
         """Finish pending writes and close the database."""

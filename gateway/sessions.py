@@ -180,10 +180,17 @@ class SessionTable:
         self._hold(session, saved.key_digest)
         return session
 
-    def restore_all(self) -> int:
-        """Hold every session the journal kept (at start-up); returns how many."""
+    def restore_all(self, finished: set[str] | frozenset[str] = frozenset()) -> int:
+        """Hold every session the journal kept (at start-up); returns how many.
+
+        `finished` names the sessions whose samples are already in the store: a gateway killed
+        between storing a finish and forgetting its journal rows must not restore that session,
+        or a second finish would store its samples twice. Those are forgotten instead.
+        """
         if self.journal is None:
             return 0
+        for sid in finished:
+            self.journal.forget(sid)
         saved = self.journal.load_all()
         for s in saved:
             self.restore(s)

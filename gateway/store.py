@@ -73,6 +73,7 @@ CREATE TABLE IF NOT EXISTS samples (
     metadata BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS samples_by_tenant ON samples (tenant, cursor);
+CREATE INDEX IF NOT EXISTS samples_by_session ON samples (session_id);
 """
 
 _INSERT = (
@@ -494,6 +495,20 @@ class TrajectoryStore:
     async def list(self, tenant: str, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
         """The tenant's samples with cursor > `after`, oldest first, at most `limit`."""
         return await self._read(self.list_sync, tenant, after=after, limit=limit)
+
+    def stored_sessions_sync(self, session_ids: list[str]) -> set[str]:
+        """Which of `session_ids` already have samples in the store (their finish committed)."""
+        found: set[str] = set()
+        for i in range(0, len(session_ids), 500):  # SQLite's bound-parameter limit
+            chunk = session_ids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT DISTINCT session_id FROM samples WHERE session_id IN ({marks})"
+            found.update(r[0] for r in self._reader.execute(query, chunk))
+        return found
+
+    async def stored_sessions(self, session_ids: list[str]) -> set[str]:
+        """`stored_sessions_sync` on the reader thread."""
+        return await self._read(self.stored_sessions_sync, session_ids)
 
     async def get(self, tenant: str, cursor: int) -> StoredSample | None:
         """The tenant's sample at `cursor`, or None (also when it belongs to another tenant)."""

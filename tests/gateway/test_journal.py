@@ -14,9 +14,11 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from transformers import AutoTokenizer
 
+from rlgw.gateway.journal import SessionJournal
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stored, tool_result
 from tests.support.procs import engine_server, free_port, wait_healthy
@@ -170,3 +172,30 @@ def test_a_second_gateway_on_the_data_dir_restores_a_session_it_does_not_hold(
         summary = finish(st2, s["session_id"])
         assert len(summary["samples"]) == 1
         check_sample(st2, stored(st2, summary["samples"][0]["cursor"]), run, fp.TOOLS, KW)
+
+
+def test_a_session_whose_finish_was_stored_is_not_restored(world: dict, tmp_path: Path) -> None:
+    """Killed between storing a finish and forgetting its journal rows: the restart must not hold
+    the session again (a second finish would store its samples twice)."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    st = Stack(base, world["engine"], world["recorder"], world["tok"])
+    with gateway(world["proxy"], tmp_path, port) as first:
+        s = open_session(st, task_id="stored")
+        client = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+        client.chat.completions.create(model="m", messages=fp.PLAIN, max_tokens=8)
+        journal = SessionJournal.open(tmp_path)
+        saved = journal.load(s["session_id"])
+        assert saved is not None
+        assert len(finish(st, s["session_id"])["samples"]) == 1
+        # Put back what finish removed from the journal, as if the kill came just before that.
+        journal._run(
+            "INSERT INTO sessions (id, doc, key) VALUES (?, ?, ?)",
+            (s["session_id"], orjson.dumps(saved.doc), saved.key_digest),
+        )
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        journal.close()
+    with gateway(world["proxy"], tmp_path, port):
+        assert httpx.get(base + f"/v1/sessions/{s['session_id']}").status_code == 404
+    assert SessionJournal.open(tmp_path).session_ids() == []

@@ -96,7 +96,8 @@ def truncated_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, cap: 
 def k3_kl(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """Schulman's k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1 (>= 0)."""
     d = ref_log_probs - log_probs
-    return torch.exp(d) - d - 1.0
+    # expm1 keeps the near-zero case exact: exp(d) - 1 - d rounds below 0 when pi ~ ref.
+    return torch.expm1(d) - d
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

@@ -77,10 +77,12 @@ def test_one_step_async_measures_staleness_and_the_filter_bounds_it(tmp_path: Pa
     assert [r["published"]["served_versions"] for r in receipts] == [["1"], ["2"], ["3"]]
     assert receipts[0]["max_staleness"] == 0 and receipts[0]["stale_tokens_masked"] == 0
     # later rollouts ran while the previous step trained: their tokens are a version old, and masked out
+    # (how many depends on timing: a rollout that starts after the publish samples the new version)
     later = receipts[1:]
-    assert all(r["max_staleness"] == 1 for r in later)
-    assert all(r["stale_tokens_masked"] > 0 for r in later)
-    assert sum(r["rollouts_dropped"].get("stale", 0) for r in later) > 0
+    assert all(r["max_staleness"] <= 1 for r in later)  # one step of overlap, never more
+    stale = [r for r in later if r["max_staleness"] == 1]
+    assert stale and all(r["stale_tokens_masked"] > 0 for r in stale)
+    assert sum(r["rollouts_dropped"].get("stale", 0) for r in stale) > 0
 
 
 @pytest.mark.slow

@@ -57,6 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 CORE: dict[str, list[str]] = {
     "gateway/sample.py": [
         "tests/gateway/test_sample_validation.py",
+        "tests/gateway/test_mutation_gaps_sample.py",
         "tests/gateway/test_ledger.py",
         "tests/gateway/test_store_edges.py",
     ],
@@ -65,7 +66,11 @@ CORE: dict[str, list[str]] = {
         "tests/gateway/test_ledger_edges.py",
         "tests/gateway/test_history_rules.py",
     ],
-    "gateway/render.py": ["tests/gateway/test_render_edges.py", "tests/gateway/test_render.py"],
+    "gateway/render.py": [
+        "tests/gateway/test_render_edges.py",
+        "tests/gateway/test_render.py",
+        "tests/gateway/test_mutation_gaps_render.py",
+    ],
     "gateway/store.py": [
         "tests/gateway/test_store.py",
         "tests/gateway/test_store_edges.py",

@@ -93,6 +93,14 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has run so far (all its threads), from the scheduler's nanoseconds."""
+    return (
+        sum(int(Path(t, "schedstat").read_text().split()[0]) for t in Path(f"/proc/{pid}/task").iterdir())
+        / 1e9
+    )
+
+
 def load_average() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -416,7 +424,7 @@ def main() -> None:
     with (
         tempfile.TemporaryDirectory() as data,
         process(stub_args, stub + "/health"),
-        process(peer_args, peer + "/health"),
+        process(peer_args, peer + "/health") as peer_proc,
     ):
         serve = ["-m", "rlgw.bin.main", "--log-level", "warning", "serve", "--engine-url", stub]
         serve += ["--port", str(gw_port), "--data-dir", data, *args.serve_args]
@@ -426,8 +434,18 @@ def main() -> None:
                 f"growing loop: {args.sessions} sessions x {args.turns} turns, task {args.task_tokens} "
                 f"tokens, tool output {work.observation_tokens} tokens per turn; times in ms"
             )
+            cpu_before = cpu_seconds(peer_proc.pid), cpu_seconds(gw_proc.pid)
             legs = asyncio.run(growing_loop(gw, peer, stub, work, args))
+            cpu = [
+                cpu_seconds(pid) - before
+                for pid, before in zip((peer_proc.pid, gw_proc.pid), cpu_before, strict=True)
+            ]
             rows = report_loop(legs)
+            n = args.sessions * args.turns
+            print(
+                f"CPU per turn (contention does not move it): pass-through {cpu[0] / n * 1e3:.2f} ms, "
+                f"rlgw {cpu[1] / n * 1e3:.2f} ms (+{(cpu[1] - cpu[0]) / n * 1e3:.2f} ms)"
+            )
             print(f"after the loop: {load_average()}")
             if args.json:
                 Path(args.json).write_text(json.dumps({str(k): v for k, v in rows.items()}, indent=1))

@@ -1,7 +1,7 @@
 """What the operations layers add to one request: metrics, body cap, limits, the turn's accounting.
 
-Runs a trivial ASGI app N times bare and wrapped in the gateway's three middlewares (meter,
-body cap, limit binding), in-process (no sockets: only the layers' own cost), and times the
+Runs a trivial ASGI app N times bare and wrapped in the gateway's edge (meter, body cap,
+limit binding), in-process (no sockets: only the layers' own cost), and times the
 per-turn calls a turn makes (`turn_slot` enter/exit, `turn_generated`, `turn_recorded`).
 
     python -m bench.ops_overhead [--n 20000]
@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from rlgw.gateway import metrics
-from rlgw.gateway.body_limits import BodyLimitMiddleware
-from rlgw.gateway.limits import Limits, LimitsMiddleware, LimitTable, turn_generated, turn_slot
+from rlgw.gateway.edge import Edge
+from rlgw.gateway.limits import Limits, LimitTable, turn_generated, turn_slot
 
 
 async def _bare(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -35,7 +35,7 @@ async def _turn_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 def _wrapped(app: Any) -> Any:
     table = LimitTable(Limits(open_sessions=1000, in_flight=1000, tokens_per_minute=10**12))
-    return metrics.MetricsMiddleware(BodyLimitMiddleware(LimitsMiddleware(app, table), 32 * 1024 * 1024))
+    return Edge(app, table=table, max_body_bytes=32 * 1024 * 1024, routes={})
 
 
 async def _time(app: Any, n: int) -> list[float]:

@@ -63,16 +63,27 @@ class AnthropicRoute(APIRoute):
         async def route(request: Request) -> Response:
             try:
                 return await handler(request)
-            except APIError as exc:
-                return json_response(
-                    exc.status, error_body(exc.status, exc.message), headers=getattr(exc, "headers", None)
-                )
-            except (ValidationError, RequestValidationError) as exc:
-                # The OpenAI surfaces' message (the first problem, named by its field), re-shaped.
-                openai = orjson.loads((await handle_validation_error(request, exc)).body)
-                return json_response(400, error_body(400, openai["error"]["message"]))
+            except Exception as exc:
+                response = await anthropic_error(request, exc)
+                if response is None:
+                    raise
+                return response
 
         return route
+
+
+async def anthropic_error(request: Request, exc: Exception) -> Response | None:
+    """The gateway's errors and request validation errors in Anthropic's format (None: another
+    exception, for the app's handlers)."""
+    if isinstance(exc, APIError):
+        return json_response(
+            exc.status, error_body(exc.status, exc.message), headers=getattr(exc, "headers", None)
+        )
+    if isinstance(exc, ValidationError | RequestValidationError):
+        # The OpenAI surfaces' message (the first problem, named by its field), re-shaped.
+        openai = orjson.loads((await handle_validation_error(request, exc)).body)
+        return json_response(400, error_body(400, openai["error"]["message"]))
+    return None
 
 
 router = APIRouter(route_class=AnthropicRoute)
@@ -140,4 +151,4 @@ async def count_tokens_by_key(request: Request) -> Response:
     return await count_tokens(request)
 
 
-session_routes(router, "/messages", messages, "messages")
+session_routes(router, "/messages", messages, "messages", errors=anthropic_error)

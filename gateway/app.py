@@ -33,12 +33,14 @@ from rlgw.gateway import (
     viewer,
 )
 from rlgw.gateway.backend import SGLangBackend
-from rlgw.gateway.body_limits import BodyLimitMiddleware, RequestCaps
+from rlgw.gateway.body_limits import RequestCaps
+from rlgw.gateway.edge import Edge
 from rlgw.gateway.errors import StartupError, UpstreamError, install_error_handlers, json_response
+from rlgw.gateway.httpio import SESSION_ROUTES
 from rlgw.gateway.journal import SessionJournal
 from rlgw.gateway.ledger import Policy
-from rlgw.gateway.limits import Limits, LimitsMiddleware, LimitTable, RateLimited, handle_rate_limited
-from rlgw.gateway.metrics import MeteredBackend, MetricsMiddleware
+from rlgw.gateway.limits import Limits, LimitTable, RateLimited, handle_rate_limited
+from rlgw.gateway.metrics import MeteredBackend
 from rlgw.gateway.profile import ModelProfile, build_profile
 from rlgw.gateway.sessions import SessionTable
 from rlgw.gateway.store import TrajectoryStore
@@ -184,11 +186,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.state.template_mismatch_allowed = config.allow_template_mismatch
     install_error_handlers(app)
     app.add_exception_handler(RateLimited, handle_rate_limited)
-    # Added innermost first: the meter sees every request, 413s included.
-    app.add_middleware(LimitsMiddleware, table=app.state.limits)
-    if config.request_caps.max_body_bytes is not None:
-        app.add_middleware(BodyLimitMiddleware, max_bytes=config.request_caps.max_body_bytes)
-    app.add_middleware(MetricsMiddleware)
+    # The one middleware: meter, body cap and limits for every request, and the turn routes.
+    app.add_middleware(
+        Edge, table=app.state.limits, max_body_bytes=config.request_caps.max_body_bytes, routes=SESSION_ROUTES
+    )
     app.include_router(openai_api.router)
     app.include_router(completions.router)
     app.include_router(sessions_api.router)

@@ -1,9 +1,10 @@
 """Caps on what one request may carry: body bytes (413), messages and tools (400).
 
-The body cap is pure ASGI middleware: a declared `Content-Length` over the cap is answered
-413 before a byte is read; a body without one (chunked) is counted as it arrives and the
-read that crosses the cap raises `BodyTooLarge`, which the app's HTTPException handler
-answers as 413 in OpenAI's error format. Nothing is buffered here.
+The body cap is applied by the gateway's edge (`edge.py`) with the functions here: a
+declared `Content-Length` over the cap is answered 413 before a byte is read; a body without
+one (chunked) is counted as it arrives and the read that crosses the cap raises
+`BodyTooLarge`, which the app's HTTPException handler answers as 413 in OpenAI's error
+format. Nothing is buffered here.
 
 The message and tool caps need the parsed JSON, which only the surfaces have: they call
 `check_counts(doc, caps)` on the body they parsed (no second parse). This module knows no
@@ -69,47 +70,40 @@ def check_counts(doc: dict[str, Any], caps: RequestCaps) -> None:
             )
 
 
-class BodyLimitMiddleware:
-    """Pure ASGI middleware: refuse request bodies over `max_bytes` with 413."""
-
-    def __init__(self, app: Callable[..., Any], max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(
-        self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
-    ) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        cap = self.max_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = -1
-                if declared > cap:
-                    metrics.reject("body_too_large")
-                    await _send_413(send, cap)
-                    return
-                break
-        seen = 0
-
-        async def capped_receive() -> dict[str, Any]:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > cap:
-                    metrics.reject("body_too_large")
-                    raise BodyTooLarge(cap)
-            return message
-
-        await self.app(scope, capped_receive, send)
+def declared_over(scope: dict[str, Any], cap: int) -> bool:
+    """Whether the request declares a `Content-Length` over `cap` (counted as a reject)."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                return False
+            if declared > cap:
+                metrics.reject("body_too_large")
+                return True
+            return False
+    return False
 
 
-async def _send_413(send: Callable[..., Any], cap: int) -> None:
+def capped(receive: Callable[..., Any], cap: int) -> Callable[..., Any]:
+    """`receive`, raising `BodyTooLarge` on the read that carries the body past `cap` bytes."""
+    seen = 0
+
+    async def capped_receive() -> dict[str, Any]:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > cap:
+                metrics.reject("body_too_large")
+                raise BodyTooLarge(cap)
+        return message
+
+    return capped_receive
+
+
+async def send_413(send: Callable[..., Any], cap: int) -> None:
+    """Answer 413 in OpenAI's error format without reading the body."""
     body = orjson.dumps({"error": _too_large_detail(cap)})
     await send(
         {

@@ -23,7 +23,7 @@ import numpy as np
 from rlgw.gateway.backend import GenerationResult, ModelBackend
 from rlgw.gateway.detokenize import IncrementalDetokenizer, StopTrimmer
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.ledger import Synced, Violation, canonical_arguments, tools_digest
+from rlgw.gateway.ledger import Synced, Violation, canonical_arguments, history_print, tools_digest
 from rlgw.gateway.output_parser import OutputParser, ParsedOutput, ParseError, ParserEvent, ToolCall
 from rlgw.gateway.profile import ModelProfile
 from rlgw.gateway.sessions import Session
@@ -149,9 +149,11 @@ def plan_turn(profile: ModelProfile, session: Session, turn: Turn, params: ChatP
                 digest,
                 replace_last=True,
                 reasoning_forced=_forced(profile, inc),
+                history=history_print(messages),
             )
         synced = Violation(cause, len(messages), "the same request arrived while its turn was running")
     plan = Plan(np.zeros(0, dtype=np.int32), [], True, messages, params.surface, digest)
+    plan.history = history_print(messages) if isinstance(synced, Violation) else synced.history
     if isinstance(synced, Violation):
         decision = decide(session, synced, params.event)
         if isinstance(decision, str):

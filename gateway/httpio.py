@@ -7,8 +7,8 @@ It knows nothing about any surface's request or response shapes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -26,12 +26,45 @@ EVENT_HEADER = "x-rlgw-event"  # a segment cause the agent states (compaction, s
 
 
 SessionHandler = Callable[[Request, Session], Awaitable[Response]]
+# A surface's own error format: the response for an exception, or None for the app's handlers.
+ErrorFormat = Callable[[Request, Exception], Awaitable[Response | None]]
 
 
-def session_routes(router: APIRouter, path: str, handler: SessionHandler, name: str) -> None:
+@dataclass(frozen=True, slots=True)
+class SessionRoute:
+    """One surface's turn endpoint (`path` under `/v1`), as the edge serves it."""
+
+    path: str
+    handler: SessionHandler
+    errors: ErrorFormat | None = None
+
+    @property
+    def by_path(self) -> str:
+        """The route template with the session in the path (also the metrics label)."""
+        return f"/s/{{session_id}}/v1{self.path}"
+
+    @property
+    def by_key(self) -> str:
+        """The route template for a session named by its key."""
+        return f"/v1{self.path}"
+
+
+# Every surface's turn endpoint, by path under /v1; filled as the surface modules are imported.
+SESSION_ROUTES: dict[str, SessionRoute] = {}
+
+
+def session_routes(
+    router: APIRouter, path: str, handler: SessionHandler, name: str, *, errors: ErrorFormat | None = None
+) -> None:
     """Serve `handler` for a session two ways: `POST /s/{session_id}/v1{path}` (the session named
     in the path; for agents that only let you set a base URL) and `POST /v1{path}` (the session
-    whose key is sent; for agents that only let you set a key)."""
+    whose key is sent; for agents that only let you set a key).
+
+    The routes are registered on `router` (the OpenAPI document, and any app without the
+    edge) and in `SESSION_ROUTES`, from which the edge serves them directly.
+    """
+    route = SessionRoute(path, handler, errors)
+    SESSION_ROUTES[path] = route
 
     async def by_path(request: Request, session_id: str) -> Response:
         return await handler(request, session_for_path(request, session_id))
@@ -40,10 +73,8 @@ def session_routes(router: APIRouter, path: str, handler: SessionHandler, name: 
         return await handler(request, session_for_key(request))
 
     doc = (handler.__doc__ or "").strip().splitlines()[0] if handler.__doc__ else name
-    router.add_api_route(
-        f"/s/{{session_id}}/v1{path}", by_path, methods=["POST"], name=f"{name}_by_path", description=doc
-    )
-    router.add_api_route(f"/v1{path}", by_key, methods=["POST"], name=f"{name}_by_key", description=doc)
+    router.add_api_route(route.by_path, by_path, methods=["POST"], name=f"{name}_by_path", description=doc)
+    router.add_api_route(route.by_key, by_key, methods=["POST"], name=f"{name}_by_key", description=doc)
 
 
 def session_for_path(request: Request, session_id: str) -> Session:
@@ -122,22 +153,30 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
 
     Starlette lets a non-streamed handler run on after its client is gone; here that would
     keep the engine generating for nobody. Cancelling the turn aborts its engine request and
-    leaves the ledger untouched.
+    leaves the ledger untouched. `work` runs in the caller's task; one watcher task cancels
+    that task when the client leaves (a second task per turn and `asyncio.wait` cost more).
     """
-    task = asyncio.ensure_future(work)
+    task = asyncio.current_task()
+    assert task is not None
+    state = {"done": False, "gone": False}
 
-    async def disconnected() -> None:
+    async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        if not state["done"]:
+            state["gone"] = True
+            task.cancel()
 
-    watcher = asyncio.ensure_future(disconnected())
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        result = await work
+        state["done"] = True
+        return result
+    except asyncio.CancelledError:
+        state["done"] = True
+        # Our own cancel (and no one else's pending): the client left.
+        if state["gone"] and task.uncancel() == 0:
+            raise ClientDisconnected("the client disconnected before the reply was ready") from None
+        raise
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        raise ClientDisconnected("the client disconnected before the reply was ready")
-    return task.result()

@@ -32,6 +32,7 @@ This module knows nothing about HTTP, templates or the engine's wire format.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from array import array
 from dataclasses import dataclass, field
@@ -89,6 +90,8 @@ class Synced:
     echo_matches: list[tuple[int, str]] = field(default_factory=list)
     # (turn index, field) where an echoed generated turn differs from what was sampled.
     echo_edits: list[tuple[int, str]] = field(default_factory=list)
+    # The request's `history_print`: what the turn leaves for the next one's fast check.
+    history: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -144,11 +147,21 @@ def content_text(content: Any) -> str:
 def canonical_arguments(arguments: Any) -> str:
     """Tool-call arguments in one spelling (a JSON object string re-encoded with sorted keys)."""
     if isinstance(arguments, str):
-        try:
-            arguments = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            return arguments
+        # Agents resend every past call each turn: short argument strings are decoded once.
+        return _canonical_cached(arguments) if len(arguments) <= _CACHED_ARGUMENTS else _canonical(arguments)
     return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _canonical(arguments: str) -> str:
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+_CACHED_ARGUMENTS = 4096  # bytes: the cache holds at most 4096 strings of this size (16 MiB)
+_canonical_cached = functools.lru_cache(maxsize=4096)(_canonical)
 
 
 def message_digest(m: dict[str, Any]) -> int:
@@ -174,6 +187,29 @@ def _call_key(call: Any) -> Any:
         return call
     fn = call.get("function") if isinstance(call.get("function"), dict) else {}
     return [call.get("id"), fn.get("name"), canonical_arguments(fn.get("arguments"))]
+
+
+def history_print(messages: list[dict[str, Any]], raw: bytes | None = None) -> tuple[int, int, int]:
+    """(message count, byte count, digest) of a request's messages as serialized (`raw`:
+    `orjson.dumps(messages)`, if already made), without the closing bracket.
+
+    The next request of a well-behaved agent starts with the same bytes: `Ledger.sync` then
+    checks only what follows them, instead of every message again (the history grows each turn).
+    """
+    raw = orjson.dumps(messages) if raw is None else raw
+    return len(messages), len(raw) - 1, xxhash.xxh3_64_intdigest(memoryview(raw)[:-1])
+
+
+def _known_prefix(seg: Segment, messages: list[dict[str, Any]], raw: bytes) -> int:
+    """How many leading messages are byte for byte those of the segment's last committed request
+    (already checked then, and nothing in the records changed since): 0 if not all of them."""
+    if seg.history is None:
+        return 0
+    n, size, digest = seg.history
+    # The print describes the records but the last turn's own; a longer request follows it.
+    if n != len(seg.records) - 1 or len(messages) <= n or len(raw) <= size or raw[size] != ord(","):
+        return 0
+    return n if xxhash.xxh3_64_intdigest(memoryview(raw)[:size]) == digest else 0
 
 
 def tools_digest(tools: list[dict[str, Any]] | None) -> int:
@@ -233,6 +269,8 @@ class Segment:
     versions: list[list[Any]] = field(default_factory=list)
     turns: list[GeneratedTurn] = field(default_factory=list)
     records: list[_Record] = field(default_factory=list)
+    # `history_print` of the request of the last turn committed here (None: unknown).
+    history: tuple[int, int, int] | None = None
     # /v1/completions only: the text the agent has seen (its prompts and our completions).
     text: str = ""
     surface: str | None = None  # the API surface of its turns (chat, completions, ...)
@@ -284,6 +322,10 @@ class TurnCommit:
     tools: int = 0  # tools_digest of the request
     calls: tuple[tuple[str, str], ...] = ()  # (name, canonical arguments) per minted call
     committed_at: float = 0.0
+    # (role, message_digest) of the new messages, when already computed (what the journal keeps:
+    # a replayed turn has these, not the messages); set, it stands in for `new_messages`.
+    records: list[tuple[str, int]] | None = None
+    history: tuple[int, int, int] | None = None  # the request's `history_print`
 
 
 class Ledger:
@@ -324,9 +366,10 @@ class Ledger:
                 len(messages),
                 f"history shrank from {len(records)} to {len(messages)} messages",
             )
-        out = Synced(messages[len(records) :])
-        for i, rec in enumerate(records):
-            m = messages[i]
+        raw = orjson.dumps(messages)
+        out = Synced(messages[len(records) :], history=history_print(messages, raw))
+        for i in range(_known_prefix(seg, messages, raw), len(records)):
+            rec, m = records[i], messages[i]
             if not isinstance(m, dict):
                 return Violation(Cause.REWRITE, i, f"message {i} is not an object")
             if rec.turn >= 0:
@@ -387,6 +430,7 @@ class Ledger:
         del seg.mask[last.prompt_start :]
         del seg.records[last.records_before :]
         del seg.versions[last.versions_before :]
+        seg.history = None
         return last
 
     def new_segment(self, cause: str, detail: str = "") -> Segment:
@@ -424,11 +468,14 @@ class Ledger:
                 seg.versions[-1][2] = start + e
             else:
                 seg.versions.append([version, start + s, start + e])
-        for m in turn.new_messages or ():
-            seg.records.append(_Record(m.get("role", ""), message_digest(m), -1))
+        records = turn.records
+        if records is None:
+            records = [(m.get("role", ""), message_digest(m)) for m in turn.new_messages or ()]
+        seg.records.extend(_Record(role, digest, -1) for role, digest in records)
         seg.text += turn.agent_text
         seg.surface = turn.surface
         seg.tools = turn.tools
+        seg.history = turn.history
         gen = GeneratedTurn(
             prompt_start=prompt_start,
             records_before=records_before,
@@ -446,7 +493,7 @@ class Ledger:
             committed_at=turn.committed_at,
         )
         seg.turns.append(gen)
-        if turn.new_messages is not None:
+        if turn.new_messages is not None or turn.records is not None:
             seg.records.append(_Record("assistant", 0, len(seg.turns) - 1))
         return gen
 

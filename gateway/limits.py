@@ -8,8 +8,8 @@ count is a plain integer, the token window a ring of one-second buckets.
 Tokens are counted when a turn commits (a generation's length is not known before it runs),
 so the per-minute limit refuses the turn after the one that crossed it, as OpenAI's does.
 
-A turn reaches its app's `LimitTable` through a context variable that `LimitsMiddleware`
-binds per request: the turn lifecycle (`turn.turn_scope`) only sees the session, and code
+A turn reaches its app's `LimitTable` through a context variable that the gateway's edge
+binds per request (`bind`): the turn lifecycle (`turn.turn_scope`) only sees the session, and code
 that runs outside a request (unit tests of a turn) is simply not limited. This module knows
 tenants only by name; who a caller is belongs to `tenants`.
 """
@@ -311,18 +311,12 @@ def turn_generated(tenant: str, surface: str, generated: int) -> None:
     metrics.mark_turn(surface)
 
 
-class LimitsMiddleware:
-    """Pure ASGI middleware: binds the app's `LimitTable` for the turns of each request."""
+def bind(table: LimitTable) -> contextvars.Token[LimitTable | None]:
+    """Make `table` the limits of the turns the current request runs (the edge calls this per
+    request); `unbind` with the returned token."""
+    return _ACTIVE.set(table)
 
-    def __init__(self, app: Callable[..., Any], table: LimitTable) -> None:
-        self.app = app
-        self.table = table
 
-    async def __call__(
-        self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
-    ) -> None:
-        token = _ACTIVE.set(self.table)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            _ACTIVE.reset(token)
+def unbind(token: contextvars.Token[LimitTable | None]) -> None:
+    """Undo `bind`."""
+    _ACTIVE.reset(token)

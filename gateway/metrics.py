@@ -4,7 +4,8 @@ Every metric the gateway exports is defined here, once, with its meaning in its 
 other modules import the object and update it (`SEGMENTS.labels(cause).inc()`). All updates
 are O(1) and never await. Metrics whose value is a view of live state (open sessions per
 tenant) are computed at scrape time by a collector (`OpenSessionsCollector`), so turns pay
-nothing for them. This module owns no HTTP route (`ops_api` serves `/metrics`).
+nothing for them. This module owns no HTTP route (`ops_api` serves `/metrics`) and no
+middleware: the gateway's edge (`edge.py`) calls `start_request`/`finish_request`.
 
 Names (all prefixed `rlgw_`):
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from prometheus_client import (
@@ -201,8 +202,9 @@ class MeteredBackend:
             await updates.aclose()
 
 
-def _route_of(scope: dict[str, Any]) -> str:
-    # The route template, never the raw path: session ids in paths would make a series per session.
+def route_of(scope: dict[str, Any]) -> str:
+    """The metrics label of a request: its route template, never the raw path (session ids in
+    paths would make a series per session)."""
     route = scope.get("route")
     return getattr(route, "path", None) or "unmatched"
 
@@ -214,54 +216,39 @@ _REQUEST_CHILDREN: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 _ADDED_CHILDREN: dict[str, Any] = {}
 
 
-class MetricsMiddleware:
-    """Pure ASGI middleware: counts and times every HTTP request, and a turn's added time.
+def start_request() -> tuple[RequestClock, contextvars.Token[RequestClock | None]]:
+    """Start timing a request: the clock that engine waits and `mark_turn` report to."""
+    clock = RequestClock()
+    return clock, _CLOCK.set(clock)
 
-    It wraps `send` to see the status and the last body byte (so a stream is timed to its
-    end) and never buffers. `/metrics` itself is counted like any other route.
-    """
 
-    def __init__(self, app: Callable[..., Any]) -> None:
-        self.app = app
-
-    async def __call__(
-        self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
-    ) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-        clock = RequestClock()
-        token = _CLOCK.set(clock)
-        status = 500  # an exception escaping the app is answered 500 by the server
-
-        async def metered_send(message: dict[str, Any]) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, metered_send)
-        finally:
-            _CLOCK.reset(token)
-            elapsed = time.perf_counter() - start
-            method = scope["method"] if scope["method"] in _METHODS else "other"
-            key = (_route_of(scope), method, status)
-            children = _REQUEST_CHILDREN.get(key)
-            if children is None:
-                children = _REQUEST_CHILDREN[key] = (
-                    REQUESTS.labels(key[0], key[1], str(status)),
-                    REQUEST_SECONDS.labels(key[0]),
-                )
-            children[0].inc()
-            children[1].observe(elapsed)
-            if clock.surface is not None:
-                ENGINE_SECONDS.observe(clock.engine_s)
-                added = _ADDED_CHILDREN.get(clock.surface)
-                if added is None:
-                    added = _ADDED_CHILDREN[clock.surface] = TURN_ADDED_SECONDS.labels(clock.surface)
-                added.observe(max(0.0, elapsed - clock.engine_s))
+def finish_request(
+    token: contextvars.Token[RequestClock | None],
+    clock: RequestClock,
+    route: str,
+    method: str,
+    status: int,
+    elapsed: float,
+) -> None:
+    """Count and time one answered request; a turn's wall time minus its engine time is the
+    gateway's added time."""
+    _CLOCK.reset(token)
+    method = method if method in _METHODS else "other"
+    key = (route, method, status)
+    children = _REQUEST_CHILDREN.get(key)
+    if children is None:
+        children = _REQUEST_CHILDREN[key] = (
+            REQUESTS.labels(route, method, str(status)),
+            REQUEST_SECONDS.labels(route),
+        )
+    children[0].inc()
+    children[1].observe(elapsed)
+    if clock.surface is not None:
+        ENGINE_SECONDS.observe(clock.engine_s)
+        added = _ADDED_CHILDREN.get(clock.surface)
+        if added is None:
+            added = _ADDED_CHILDREN[clock.surface] = TURN_ADDED_SECONDS.labels(clock.surface)
+        added.observe(max(0.0, elapsed - clock.engine_s))
 
 
 class OpenSessionsCollector(Collector):

@@ -34,7 +34,7 @@ import numpy as np
 from rlgw.gateway import metrics
 from rlgw.gateway.backend import GenerationResult, new_rid
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded
-from rlgw.gateway.ledger import Cause, Policy, TurnCommit, Violation
+from rlgw.gateway.ledger import Cause, Policy, TurnCommit, Violation, message_digest
 from rlgw.gateway.limits import turn_generated, turn_slot
 from rlgw.gateway.profile import ModelProfile
 from rlgw.gateway.sessions import Session
@@ -62,6 +62,7 @@ class Plan:
     echo_edits: list[tuple[int, str]] = field(default_factory=list)
     agent_text: str = ""  # completions: the prompt text this turn adds
     reasoning_forced: bool = False  # the generation prompt already opened a think block
+    history: tuple[int, int, int] | None = None  # the request's `ledger.history_print`
 
 
 @dataclass(slots=True)
@@ -198,7 +199,11 @@ async def commit(
             echo_edits=plan.echo_edits,
             overridden=overridden,
             commit={
-                "new_messages": plan.new_messages,
+                # Their digests, not the messages: all the ledger keeps of them (and a smaller row).
+                "new_messages": None,
+                "records": None
+                if plan.new_messages is None
+                else [(m.get("role", ""), message_digest(m)) for m in plan.new_messages],
                 "prompt_ids": plan.increment,
                 "output_ids": result.output_ids,
                 "logprobs": result.logprobs,
@@ -214,6 +219,7 @@ async def commit(
                 "surface": plan.surface,
                 "tools": plan.tools,
                 "calls": calls,
+                "history": plan.history,
             },
         )
     if session.journal is not None and ledger is not None:
@@ -263,6 +269,7 @@ def apply_record(session: Session, record: dict[str, Any], *, committed_at: floa
                 "tool_call_ids": tuple(spec["tool_call_ids"]),
                 "calls": tuple(tuple(c) for c in spec["calls"]),
                 "version_spans": [tuple(v) for v in spec["version_spans"]],
+                "history": tuple(spec["history"]) if spec.get("history") else None,
                 "committed_at": committed_at,
             }
         ),

@@ -16,7 +16,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from rlgw.gateway import metrics
-from rlgw.gateway.limits import turn_generated
+from rlgw.gateway.edge import Edge
+from rlgw.gateway.limits import LimitTable, turn_generated
 from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.gateway_proc import Gateway, gateway
 
@@ -58,7 +59,8 @@ async def test_meter_splits_a_turn_into_engine_and_gateway_time() -> None:
     async def not_a_turn(request: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
-    app = metrics.MetricsMiddleware(Starlette(routes=[Route("/turn", turn), Route("/plain", not_a_turn)]))
+    plain = Starlette(routes=[Route("/turn", turn), Route("/plain", not_a_turn)])
+    app = Edge(plain, table=LimitTable(), max_body_bytes=None, routes={})
     before_engine = _sample("rlgw_engine_seconds_sum")
     before_turns = _sample("rlgw_turn_added_seconds_count", surface="unit")
     before_req = _sample("rlgw_requests_total", route="/turn", method="GET", status="200")

@@ -1,7 +1,7 @@
 """The session journal's cost per committed turn (issue: crash-safe sessions).
 
 Writes the record of an agent turn (an ~800-token tool result rendered as the increment, a
-60-token reply, the new messages) the way `turn.commit` does, `--turns` times, with the
+60-token reply, the new messages' digests) the way `turn.commit` does, `--turns` times, with the
 journal's two durability settings, and prints p50/p99 of the time the turn waits for it (the
 await, thread hop included) next to the time of the SQLite write alone.
 
@@ -21,7 +21,6 @@ from rlgw.gateway.journal import SessionJournal
 
 
 def _record(i: int) -> dict:
-    tool_text = "line of tool output with some numbers 12345 and words\n" * 80
     return {
         "invalidate": None,
         "context_exhausted": False,
@@ -32,7 +31,9 @@ def _record(i: int) -> dict:
         "echo_edits": [],
         "overridden": {},
         "commit": {
-            "new_messages": [{"role": "tool", "tool_call_id": f"call_{i:024x}", "content": tool_text}],
+            # What the ledger keeps of the new messages: their digests.
+            "new_messages": None,
+            "records": [["tool", 0x9E3779B97F4A7C15 ^ i]],
             "prompt_ids": list(range(800)),
             "output_ids": list(range(60)),
             "logprobs": [-0.5] * 60,
@@ -48,6 +49,7 @@ def _record(i: int) -> dict:
             "surface": "chat",
             "tools": 1,
             "calls": [["run", '{"cmd":"ls"}']],
+            "history": [2 * i + 2, 3400 * i + 2000, 0x51ED270B27C4B3D1 ^ i],
         },
     }
 

@@ -15,7 +15,9 @@ Several gateways on one host may share a data dir: a gateway asked for a session
 hold restores it from here (`load`).
 
 With `normal` a write is a WAL append with no fsync (tens of microseconds) and runs inline;
-with `full` writes run on one dedicated thread so the event loop never waits on an fsync. This module
+with `full` writes run on one dedicated thread so the event loop never waits on an fsync.
+Checkpoints run on their own thread every 0.1 s, holding the writers' lock (a write that finds
+it held goes to the writer thread, so the loop never waits for a checkpoint either). This module
 knows the ledger's records, not HTTP or the engine.
 """
 
@@ -35,7 +37,7 @@ import orjson
 from rlgw.gateway.metrics import JOURNAL_WRITE_SECONDS
 
 FILENAME = "journal.sqlite3"
-CHECKPOINT_EVERY_S = 1.0
+CHECKPOINT_EVERY_S = 0.1  # small checkpoints: the turns that wait on one wait little
 
 
 @dataclass(slots=True)
@@ -58,8 +60,8 @@ class SessionJournal:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute(f"PRAGMA synchronous={sync.upper()}")
         self._conn.execute("PRAGMA busy_timeout=10000")
-        # Checkpoints (copying the WAL into the database, with an fsync) run on their own thread:
-        # inline, every thousandth page a turn would wait milliseconds for one.
+        # Checkpoints (copying the WAL into the database) run on their own thread: inline, every
+        # thousandth page a turn would wait milliseconds for one (an fsync in it).
         self._conn.execute("PRAGMA wal_autocheckpoint=0")
         self._conn.execute(
             "CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, doc BLOB NOT NULL, key BLOB NOT NULL)"
@@ -87,24 +89,31 @@ class SessionJournal:
         data_dir.mkdir(parents=True, exist_ok=True)
         return cls(data_dir / FILENAME, sync=sync)
 
-    def _run(self, sql: str, args: tuple[Any, ...]) -> None:
+    def _execute(self, sql: str, args: tuple[Any, ...]) -> None:
         started = time.perf_counter()
-        with self._lock:
-            self._conn.execute(sql, args)
+        self._conn.execute(sql, args)
         elapsed = time.perf_counter() - started
         self.write_seconds += elapsed
         self.writes += 1
         JOURNAL_WRITE_SECONDS.observe(elapsed)
 
+    def _run(self, sql: str, args: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._execute(sql, args)
+
     async def _write(self, sql: str, args: tuple[Any, ...]) -> None:
-        if self._inline:
+        if self._inline and self._lock.acquire(blocking=False):
             # Without an fsync a WAL append is tens of microseconds: cheaper on the loop than the
             # hand-off to a thread and back (measured with bench/journal.py).
-            self._run(sql, args)
+            try:
+                self._execute(sql, args)
+            finally:
+                self._lock.release()
             return
+        # "full" (an fsync per write), or a checkpoint holds the database: wait on the thread,
+        # never on the loop. Shielded: a turn whose client leaves while its row is being written
+        # still gets the row (the turn is then applied; a retry replaces it), never half of one.
         loop = asyncio.get_running_loop()
-        # Shielded: a turn whose client leaves while its row is being written still gets the row
-        # (the turn is then applied; a retry replaces it), never half of one.
         await asyncio.shield(loop.run_in_executor(self._writer, self._run, sql, args))
 
     async def opened(self, session_id: str, doc: dict[str, Any], key_digest: bytes) -> None:
@@ -156,12 +165,20 @@ class SessionJournal:
         return [s for s in (self.load(i) for i in self.session_ids()) if s is not None]
 
     def _checkpoint_loop(self) -> None:
-        """Copy the WAL into the database every second (PASSIVE: never blocks a turn's write)."""
+        """Copy the WAL into the database whenever rows were written, between writes (the lock
+        held: a checkpoint racing writes never completes, and the WAL would only grow)."""
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
             conn.execute("PRAGMA busy_timeout=10000")
+            # "normal" promises that a killed process loses nothing, which the OS's page cache
+            # keeps without an fsync; "full" promises power loss too, so its checkpoints sync.
+            conn.execute(f"PRAGMA synchronous={'OFF' if self._inline else 'FULL'}")
+            seen = 0
             while not self._closing.wait(CHECKPOINT_EVERY_S):
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                if self.writes != seen:
+                    seen = self.writes
+                    with self._lock:
+                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         finally:
             conn.close()
 

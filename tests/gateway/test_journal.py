@@ -3,11 +3,13 @@ agent's next call (same base URL, same key) continues the same ledger (`gateway/
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ import orjson
 import pytest
 from transformers import AutoTokenizer
 
-from rlgw.gateway.journal import SessionJournal
+from rlgw.gateway.journal import CHECKPOINT_EVERY_S, SessionJournal
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stored, tool_result
 from tests.support.procs import engine_server, free_port, wait_healthy
@@ -199,3 +201,24 @@ def test_a_session_whose_finish_was_stored_is_not_restored(world: dict, tmp_path
     with gateway(world["proxy"], tmp_path, port):
         assert httpx.get(base + f"/v1/sessions/{s['session_id']}").status_code == 404
     assert SessionJournal.open(tmp_path).session_ids() == []
+
+
+async def test_the_wal_stays_bounded_while_turns_keep_coming(tmp_path: Path) -> None:
+    # Checkpoints run beside the writes; one that raced them would never finish, and the WAL
+    # (every row ever written) would grow without end. Rows for a second, written without pause.
+    journal = SessionJournal.open(tmp_path)
+    await journal.opened("s", {"id": "s"}, b"\0" * 32)
+    record = {"commit": {"prompt_ids": list(range(100_000, 101_500)), "logprobs": [-0.25] * 60}}
+    written, started = 0, time.monotonic()
+    while time.monotonic() - started < 1.0:
+        for _ in range(10):
+            await journal.turn("s", record)
+            written += len(orjson.dumps(record))
+        await asyncio.sleep(0)
+    await asyncio.sleep(3 * CHECKPOINT_EVERY_S)
+    await journal.turn("s", record)  # the first write after a whole checkpoint rewinds the WAL
+    wal = (tmp_path / "journal.sqlite3-wal").stat().st_size
+    journal.close()
+    assert wal < written / 3, (wal, written)
+    # Nothing was lost on the way: every row is there, in order.
+    assert len(SessionJournal.open(tmp_path).load("s").turns) == journal.writes - 1

@@ -33,6 +33,7 @@ from rlgw.gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreached,
 )
+from rlgw.gateway.http1_transport import Http1Transport
 from rlgw.gateway.transport import (
     AiohttpTransport,
     ConnectFailed,
@@ -164,7 +165,9 @@ class SGLangBackend:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._transport = transport or AiohttpTransport(
+        # Plain HTTP (the engine beside the gateway) through the lean HTTP/1.1 client; TLS through aiohttp.
+        default = Http1Transport if self.base_url.startswith("http://") else AiohttpTransport
+        self._transport = transport or default(
             self.base_url, request_timeout=request_timeout, connect_timeout=connect_timeout, headers=headers
         )
         self._retries = retries

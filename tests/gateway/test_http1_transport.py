@@ -1,0 +1,210 @@
+"""`Http1Transport` against a real uvicorn server (replies, streams, keep-alive, timeouts), and
+against a raw socket server for the faults uvicorn will not produce on demand (a connection closed
+while idle, a body cut short)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import orjson
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from rlgw.gateway.http1_transport import Http1Transport
+from rlgw.gateway.transport import ConnectFailed, ReadTimeout, TransportError
+from tests.support.procs import free_port, serve_in_thread
+
+PEERS: list[tuple[str, int]] = []  # the client address of every request the server saw
+
+
+async def echo(request: Request) -> Response:
+    PEERS.append((request.client.host, request.client.port) if request.client else ("", 0))
+    body = await request.body()
+    return JSONResponse(
+        {
+            "path": request.url.path,
+            "method": request.method,
+            "length": len(body),
+            "auth": request.headers.get("authorization"),
+            "key": request.headers.get("x-smg-routing-key"),
+        }
+    )
+
+
+async def stream(request: Request) -> Response:
+    PEERS.append((request.client.host, request.client.port) if request.client else ("", 0))
+
+    async def parts() -> AsyncIterator[bytes]:
+        # Lines split across chunks, and a chunk holding several lines.
+        for part in (b'data: {"a"', b': 1}\n\ndata: {"a": 2}\n\n', b"data: [DONE]\n\n"):
+            yield part
+            await asyncio.sleep(0.01)
+
+    return StreamingResponse(parts(), media_type="text/event-stream")
+
+
+async def slow(request: Request) -> Response:
+    PEERS.append((request.client.host, request.client.port) if request.client else ("", 0))
+    await asyncio.sleep(2)
+    return Response(b"late")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    app = Starlette(
+        routes=[
+            Route("/api/echo", echo, methods=["GET", "POST"]),
+            Route("/api/stream", stream, methods=["POST"]),
+            Route("/api/slow", slow, methods=["POST"]),
+        ]
+    )
+    with serve_in_thread(app) as url:
+        yield url
+
+
+async def test_replies_are_read_whole_and_connections_reused(server: str) -> None:
+    transport = Http1Transport(server + "/api", headers={"Authorization": "Bearer k"})
+    PEERS.clear()
+    for size in (0, 10, 300_000):
+        reply = await transport.request("POST", "/echo", b"x" * size, {"X-SMG-Routing-Key": "s1"})
+        assert reply.status == 200
+        doc = orjson.loads(await reply.read())
+        assert doc == {"path": "/api/echo", "method": "POST", "length": size, "auth": "Bearer k", "key": "s1"}
+    reply = await transport.request("GET", "/echo", None, {})
+    assert reply.status == 200 and b'"method":"GET"' in await reply.read()
+    # One keep-alive connection served all four.
+    assert len(set(PEERS)) == 1
+    await transport.aclose()
+
+
+async def test_a_chunked_stream_comes_line_by_line(server: str) -> None:
+    transport = Http1Transport(server + "/api")
+    PEERS.clear()
+    reply = await transport.request("POST", "/stream", b"{}", {})
+    lines = [line async for line in reply.lines()]
+    assert [line for line in lines if line.strip()] == [
+        b'data: {"a": 1}\n',
+        b'data: {"a": 2}\n',
+        b"data: [DONE]\n",
+    ]
+    reply = await transport.request("POST", "/echo", b"", {})
+    await reply.read()
+    assert len(set(PEERS)) == 1  # the stream read to its end left the connection reusable
+    await transport.aclose()
+
+
+async def test_a_stream_left_early_does_not_give_its_connection_back(server: str) -> None:
+    transport = Http1Transport(server + "/api")
+    PEERS.clear()
+    reply = await transport.request("POST", "/stream", b"{}", {})
+    lines = reply.lines()
+    assert (await anext(lines)).startswith(b"data:")
+    await lines.aclose()
+    reply = await transport.request("POST", "/echo", b"", {})
+    assert reply.status == 200 and b"/api/echo" in await reply.read()
+    assert len(set(PEERS)) == 2  # the rest of the stream was unread: a new connection
+    await transport.aclose()
+
+
+async def test_no_listener_is_a_connect_failure() -> None:
+    transport = Http1Transport(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ConnectFailed):
+        await transport.request("POST", "/generate", b"{}", {})
+
+
+async def test_an_engine_that_does_not_answer_times_out(server: str) -> None:
+    transport = Http1Transport(server + "/api", request_timeout=0.3)
+    with pytest.raises(ReadTimeout):
+        await transport.request("POST", "/slow", b"", {})
+    # The timed-out connection is not reused for the next request.
+    transport.read_timeout = 10
+    reply = await transport.request("POST", "/echo", b"", {})
+    assert reply.status == 200 and b"/api/echo" in await reply.read()
+    await transport.aclose()
+
+
+async def test_a_cancelled_request_closes_its_connection(server: str) -> None:
+    transport = Http1Transport(server + "/api")
+    PEERS.clear()
+    task = asyncio.ensure_future(transport.request("POST", "/slow", b"", {}))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    reply = await transport.request("POST", "/echo", b"", {})
+    await reply.read()
+    assert len(set(PEERS)) == 2
+    await transport.aclose()
+
+
+def test_only_plain_http_urls() -> None:
+    with pytest.raises(ValueError, match="http://"):
+        Http1Transport("https://engine:30000")
+
+
+# ------------------------------------------------------------------- faults from a raw server
+
+
+async def _raw_server(handler: object) -> tuple[asyncio.AbstractServer, str]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)  # type: ignore[arg-type]
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+async def test_a_connection_the_engine_closed_while_idle_is_not_used() -> None:
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # then close it, as a server's keep-alive timeout does
+        writer.close()
+
+    server, url = await _raw_server(handle)
+    transport = Http1Transport(url)
+    for _ in range(2):
+        reply = await transport.request("GET", "/", None, {})
+        assert await reply.read() == b"ok"
+        await asyncio.sleep(0.2)
+    assert connections == 2
+    await transport.aclose()
+    server.close()
+
+
+async def test_a_body_cut_short_is_a_transport_error() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")
+        await writer.drain()
+        writer.close()
+
+    server, url = await _raw_server(handle)
+    transport = Http1Transport(url)
+    reply = await transport.request("GET", "/", None, {})
+    with pytest.raises(TransportError) as err:
+        await reply.read()
+    assert not isinstance(err.value, ConnectFailed)  # it may have reached the engine: no retry
+    await transport.aclose()
+    server.close()
+
+
+async def test_a_body_without_a_length_ends_with_the_connection() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
+        await writer.drain()
+        writer.close()
+
+    server, url = await _raw_server(handle)
+    transport = Http1Transport(url)
+    reply = await transport.request("GET", "/", None, {})
+    assert reply.status == 200 and await reply.read() == b"all of it"
+    await transport.aclose()
+    server.close()

@@ -1,6 +1,7 @@
 """A sample built from a real two-turn ledger (Qwen3's template renders the prompt and the tool
 result): its prompt is exactly the first rendered prompt, and `prompt_length` says where the
-response region starts, through the store's JSON round trip as well."""
+response region starts, through the store's JSON round trip as well. And the rounding tolerance
+on a trainable token's logprob, at its boundary."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 
 from rlgw.gateway.ledger import Ledger, TurnCommit
 from rlgw.gateway.render import ChatRenderer
-from rlgw.gateway.sample import Sample, validate_sample
+from rlgw.gateway.sample import RejectReason, Sample, validate_sample
+from tests.gateway.test_sample_validation import VOCAB, rejected, with_logprob
 from tests.support.real_tokenizers import qwen3_tokenizer
 
 USER = {"role": "user", "content": "Weather in Paris?"}
@@ -47,3 +49,9 @@ def test_prompt_length_is_the_first_rendered_prompt() -> None:
     again = Sample.from_dict(sample.to_dict())
     assert again.prompt_length == len(prompt)
     assert np.array_equal(again.tokens, sample.tokens) and np.array_equal(again.loss_mask, sample.loss_mask)
+
+
+def test_a_positive_logprob_up_to_the_rounding_tolerance_is_accepted() -> None:
+    # Engines round: a trainable token's logprob may read up to +1e-4 (float32), inclusive.
+    validate_sample(with_logprob(0, 1e-4), VOCAB)
+    assert rejected(with_logprob(0, 2e-4)) == RejectReason.BAD_LOGPROB

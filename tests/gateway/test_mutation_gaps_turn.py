@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 from rlgw.gateway.backend import GenerationResult
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded
 from rlgw.gateway.journal import SessionJournal
-from rlgw.gateway.ledger import Cause, Ledger, Policy, Violation
+from rlgw.gateway.ledger import Cause, Ledger, Policy, Violation, history_print
 from rlgw.gateway.metrics import REGISTRY
 from rlgw.gateway.profile import ModelProfile
 from rlgw.gateway.render import ChatRenderer
@@ -208,7 +208,9 @@ def test_request_precedence_applies_the_agents_sampling(profile: ModelProfile) -
 
 def _plan(profile: ModelProfile, messages: list[dict[str, Any]], **kw: Any) -> Plan:
     ids = profile.renderer.render_prompt(messages, None)
-    return Plan(np.asarray(ids, dtype=np.int32), list(ids), True, messages, **kw)
+    return Plan(
+        np.asarray(ids, dtype=np.int32), list(ids), True, messages, history=history_print(messages), **kw
+    )
 
 
 def _result(output_ids: list[int], finish: str = "stop", rid: str = "rid-1", **kw: Any) -> GenerationResult:
@@ -426,6 +428,8 @@ async def test_the_journal_replays_to_the_same_ledger(
             bytes(again.mask),
             list(again.logprobs),
         )
+        # The journal keeps the new messages' digests and the request's print, not the messages.
+        assert live.records == again.records and live.history == again.history
         for a, b in zip(live.turns, again.turns, strict=True):
             assert (a.rid, a.tool_call_ids, a.calls, a.ended_with_stop_token) == (
                 b.rid,
@@ -434,6 +438,8 @@ async def test_the_journal_replays_to_the_same_ledger(
                 b.ended_with_stop_token,
             )
             assert a.committed_at > 0 and b.committed_at == 0.0  # replay has no live clock
+    assert sess.ledger.segments[0].history == history_print([USER])
+    assert [r.role for r in sess.ledger.segments[0].records] == ["user", "assistant"]
     first = sess.ledger.segments[0].turns[0]
     assert first.tool_call_ids == ("call_1",) and first.calls == (("add", '{"a":2,"b":2}'),)
     n = sess.ledger.segments[1].turns[0].start
@@ -449,3 +455,15 @@ async def test_a_turn_whose_journal_write_fails_changes_nothing(
     with pytest.raises(Exception, match="closed"):
         await _commit(profile, sess, _plan(profile, [USER]), _result([5, eot]), eot)
     assert len(sess.ledger.current) == 0 and (sess.turns, sess.failed_turns) == (0, 1)
+
+
+async def test_a_completions_turn_records_text_and_no_messages(profile: ModelProfile) -> None:
+    ids = profile.tokenizer.encode("Once upon a time", add_special_tokens=False)
+    plan = Plan(
+        np.asarray(ids, dtype=np.int32), ids, True, None, "completions", agent_text="Once upon a time"
+    )
+    sess = _session(ledger=Ledger())
+    await _commit(profile, sess, plan, _result([11, 12]), None)
+    seg = sess.ledger.current
+    assert (seg.surface, seg.text, seg.records, seg.history) == ("completions", "Once upon a time", [], None)
+    assert list(seg.ids) == [*ids, 11, 12] and seg.turns[0].ended_with_stop_token is False

@@ -9,16 +9,16 @@ row and is simply absent (the agent's retry regenerates it). `finish` and `delet
 session's rows once its samples are in the store (or it is gone), so the journal holds open
 sessions only.
 
-Durability: `synchronous=NORMAL` (the default) survives a killed process, which is what a
-`kill -9` or an OOM kill is; `full` also survives power loss at the cost of an fsync per turn.
+Durability: `normal` (the default) survives a killed process, which is what a `kill -9` or an
+OOM kill is: every row is in the OS's cache before the turn is answered, and nothing is
+fsynced, not even checkpoints (after a power loss the journal may be lost or unreadable, and
+start-up fails on it). `full` also survives power loss, at the cost of an fsync per turn.
 Several gateways on one host may share a data dir: a gateway asked for a session it does not
 hold restores it from here (`load`).
 
 With `normal` a write is a WAL append with no fsync (tens of microseconds) and runs inline;
-with `full` writes run on one dedicated thread so the event loop never waits on an fsync.
-Checkpoints run on their own thread every 0.1 s, holding the writers' lock (a write that finds
-it held goes to the writer thread, so the loop never waits for a checkpoint either). This module
-knows the ledger's records, not HTTP or the engine.
+with `full` writes (and the checkpoints in them) run on one dedicated thread so the event loop
+never waits on an fsync. This module knows the ledger's records, not HTTP or the engine.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import orjson
 from rlgw.gateway.metrics import JOURNAL_WRITE_SECONDS
 
 FILENAME = "journal.sqlite3"
-CHECKPOINT_EVERY_S = 0.1  # small checkpoints: the turns that wait on one wait little
+CHECKPOINT_PAGES = 256  # "normal": a checkpoint (no fsync) every 1 MiB of WAL
 
 
 @dataclass(slots=True)
@@ -58,11 +58,16 @@ class SessionJournal:
         self.path = path
         self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA synchronous={sync.upper()}")
         self._conn.execute("PRAGMA busy_timeout=10000")
-        # Checkpoints (copying the WAL into the database) run on their own thread: inline, every
-        # thousandth page a turn would wait milliseconds for one (an fsync in it).
-        self._conn.execute("PRAGMA wal_autocheckpoint=0")
+        if sync == "normal":
+            # A killed process loses nothing the OS holds: no fsync, checkpoints included, and
+            # small checkpoints (about 60 turns of rows, a fraction of a millisecond) in the
+            # write that crosses them. One with an fsync stalled the loop for milliseconds; one
+            # on another thread raced the writes and never finished, and the WAL only grew.
+            self._conn.execute("PRAGMA synchronous=OFF")
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={CHECKPOINT_PAGES}")
+        else:
+            self._conn.execute("PRAGMA synchronous=FULL")  # every write and checkpoint on the writer thread
         self._conn.execute(
             "CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, doc BLOB NOT NULL, key BLOB NOT NULL)"
         )
@@ -77,11 +82,6 @@ class SessionJournal:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgw-journal")
         self.write_seconds = 0.0  # total time spent writing (for the metrics)
         self.writes = 0
-        self._closing = threading.Event()
-        self._checkpointer = threading.Thread(
-            target=self._checkpoint_loop, name="rlgw-journal-checkpoint", daemon=True
-        )
-        self._checkpointer.start()
 
     @classmethod
     def open(cls, data_dir: Path, *, sync: str = "normal") -> SessionJournal:
@@ -102,18 +102,14 @@ class SessionJournal:
             self._execute(sql, args)
 
     async def _write(self, sql: str, args: tuple[Any, ...]) -> None:
-        if self._inline and self._lock.acquire(blocking=False):
+        if self._inline:
             # Without an fsync a WAL append is tens of microseconds: cheaper on the loop than the
             # hand-off to a thread and back (measured with bench/journal.py).
-            try:
-                self._execute(sql, args)
-            finally:
-                self._lock.release()
+            self._run(sql, args)
             return
-        # "full" (an fsync per write), or a checkpoint holds the database: wait on the thread,
-        # never on the loop. Shielded: a turn whose client leaves while its row is being written
-        # still gets the row (the turn is then applied; a retry replaces it), never half of one.
         loop = asyncio.get_running_loop()
+        # Shielded: a turn whose client leaves while its row is being written still gets the row
+        # (the turn is then applied; a retry replaces it), never half of one.
         await asyncio.shield(loop.run_in_executor(self._writer, self._run, sql, args))
 
     async def opened(self, session_id: str, doc: dict[str, Any], key_digest: bytes) -> None:
@@ -164,28 +160,8 @@ class SessionJournal:
         """Every open session, oldest first (at start-up)."""
         return [s for s in (self.load(i) for i in self.session_ids()) if s is not None]
 
-    def _checkpoint_loop(self) -> None:
-        """Copy the WAL into the database whenever rows were written, between writes (the lock
-        held: a checkpoint racing writes never completes, and the WAL would only grow)."""
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        try:
-            conn.execute("PRAGMA busy_timeout=10000")
-            # "normal" promises that a killed process loses nothing, which the OS's page cache
-            # keeps without an fsync; "full" promises power loss too, so its checkpoints sync.
-            conn.execute(f"PRAGMA synchronous={'OFF' if self._inline else 'FULL'}")
-            seen = 0
-            while not self._closing.wait(CHECKPOINT_EVERY_S):
-                if self.writes != seen:
-                    seen = self.writes
-                    with self._lock:
-                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        finally:
-            conn.close()
-
     def close(self) -> None:
         """Finish pending writes and close the database."""
-        self._closing.set()
-        self._checkpointer.join()
         self._writer.shutdown(wait=True)
         with self._lock:
             self._conn.close()

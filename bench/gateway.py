@@ -443,7 +443,7 @@ def main() -> None:
             rows = report_loop(legs)
             n = args.sessions * args.turns
             print(
-                f"CPU per turn (contention does not move it): pass-through {cpu[0] / n * 1e3:.2f} ms, "
+                f"CPU time per turn (both processes, all threads): pass-through {cpu[0] / n * 1e3:.2f} ms, "
                 f"rlgw {cpu[1] / n * 1e3:.2f} ms (+{(cpu[1] - cpu[0]) / n * 1e3:.2f} ms)"
             )
             print(f"after the loop: {load_average()}")

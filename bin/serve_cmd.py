@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 EXAMPLES = """examples:
@@ -166,6 +168,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _ends_with_us() -> Callable[[], None] | None:
+    """A `preexec_fn` that has Linux send the child SIGTERM when this process dies (None elsewhere).
+
+    uvicorn ends `rlgw serve` on SIGTERM by raising the signal again after its graceful shutdown,
+    so no `finally` of ours runs then (nor after a kill -9): the engine must not outlive us on its
+    own account. prctl is looked up here, before the fork; the child only calls it.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # we died before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
 @contextlib.contextmanager
 def embedded_engine(args: argparse.Namespace) -> Iterator[str]:
     """Run `rlgw engine` in a child process; yields its URL once healthy, stops it after."""
@@ -177,7 +203,7 @@ def embedded_engine(args: argparse.Namespace) -> Iterator[str]:
     if args.engine_threads:
         cmd += ["--threads", str(args.engine_threads)]
     print(f"rlgw serve: starting the embedded engine ({args.model}) on 127.0.0.1:{port}", file=sys.stderr)
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, preexec_fn=_ends_with_us())
     url = f"http://127.0.0.1:{port}"
     try:
         last = time.monotonic()

@@ -1,15 +1,22 @@
-"""`rlgw serve` on first use (issue 13): a busy port fails at once in one line; every option has help."""
+"""`rlgw serve` on first use (issue 13): a busy port fails at once in one line; every option has help;
+and a stopped or killed `rlgw serve` leaves no embedded engine behind."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from rlgw.bin.main import build_parser
+from tests.support.procs import wait_healthy
+
+TINY = str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny-qwen3")
 
 
 def _subparser(parser: argparse.ArgumentParser, *path: str) -> argparse.ArgumentParser:
@@ -61,3 +68,80 @@ def test_a_busy_port_fails_before_anything_loads(tmp_path) -> None:
     assert "engine" not in out.stderr and "gateway on" not in out.stderr
     assert not (tmp_path / "cache").exists() and not (tmp_path / "data").exists()
     assert elapsed < 30  # interpreter start only; the engine would take minutes
+
+
+def test_a_stopped_gateway_takes_its_embedded_engine_with_it(tmp_path) -> None:
+    # uvicorn raises SIGTERM again after its graceful shutdown, so `rlgw serve` dies by the signal
+    # and its own cleanup never runs: the engine must end because its parent did.
+    port, engine_port = _free_port(), _free_port()
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "serve", "--model", TINY,
+         "--port", str(port), "--engine-port", str(engine_port), "--engine-threads", "1",
+         "--data-dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", serve, timeout=180)
+        engine = _listener(engine_port)
+        assert engine is not None and _alive(engine)
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while _alive(engine) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(engine), "the embedded engine outlived rlgw serve"
+    finally:
+        serve.kill()
+
+
+def test_a_killed_gateway_takes_its_embedded_engine_with_it_too(tmp_path) -> None:
+    port, engine_port = _free_port(), _free_port()
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "serve", "--model", TINY,
+         "--port", str(port), "--engine-port", str(engine_port), "--engine-threads", "1",
+         "--data-dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", serve, timeout=180)
+        engine = _listener(engine_port)
+        assert engine is not None
+        serve.kill()
+        serve.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _alive(engine) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(engine), "the embedded engine outlived a killed rlgw serve"
+    finally:
+        serve.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listener(port: int) -> int | None:
+    """The pid of the process listening on 127.0.0.1:`port` (from /proc: no psutil here)."""
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # LISTEN
+            inode = fields[9]
+    if inode is None:
+        return None
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            for fd in fd_dir.iterdir():
+                if os.readlink(fd) == f"socket:[{inode}]":
+                    return int(fd_dir.parent.name)
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -90,6 +90,7 @@ CORE: dict[str, list[str]] = {
         "tests/sync/test_delta_refusals.py",
         "tests/sync/test_delta_digest.py",
         "tests/sync/test_delta_gaps.py",
+        "tests/sync/test_delta_wide_gaps.py",
     ],
     "sync/pull.py": [
         "tests/sync/test_pull.py",
@@ -181,10 +182,9 @@ SEEDED: list[Seed] = [
 
 # Survivors that no test should kill, each with why, keyed by (module, mutation, source line):
 # "equivalent: ..." changes no behaviour; "out of reach: ..." changes behaviour only where a fast
-# test cannot go (a power cut, a tensor of 2**32 elements). They are still run: one that survives
+# test cannot go (a power cut). They are still run: one that survives
 # is counted apart (the score leaves it out; the raw score does not) and printed with its reason;
 # one that is killed is printed too, since then its reason is wrong.
-_TEN = "out of reach: only a tensor of 2**32 elements or more (4 GiB+ at one byte each) takes this branch"
 _FSYNC = (
     "out of reach: durable=True fsyncs files and directories; the difference shows only after a power cut"
 )
@@ -256,17 +256,6 @@ EXCUSED: dict[tuple[str, str, str], str] = {
     ("sync/delta.py", "1 -> 2", "level: int = 1,"): _LEVEL,
     ("sync/delta.py", "True -> False", "durable: bool = True,"): _FSYNC,
     ("sync/pull.py", "True -> False", "durable: bool = True,"): _FSYNC,
-    **{
-        ("sync/delta.py", what, line): _TEN
-        for line, whats in (
-            (
-                "gaps = np.diff(idx, prepend=-1).astype(np.uint32 if nv.size < 2**32 else np.uint64)",
-                ("Lt -> LtE", "2 -> 3", "32 -> 33"),
-            ),
-            ("gw = 4 if numel < 2**32 else 8", ("Lt -> LtE", "2 -> 3", "32 -> 33", "8 -> 9")),
-        )
-        for what in whats
-    },
     ("sync/delta.py", "0 -> 1", 'payload, count, layout = b"".join(frames), 0, "dense"'): (
         "equivalent: `count` is read only for the sparse layout"
     ),

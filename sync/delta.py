@@ -47,6 +47,8 @@ ENCODINGS = ("xor", "overwrite")
 SPARSE_MAX = 0.125
 DELTA_FILE = "delta.safetensors"
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+# Tensors with this many elements or more store the gaps between changed positions as uint64.
+WIDE_GAPS_FROM = 2**32
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,7 @@ def encode_tensor(
     idx = _changed_positions(nv, ov, limit)
     if idx is not None:
         values = nv[idx] if encoding == "overwrite" else nv[idx] ^ ov[idx]
-        gaps = np.diff(idx, prepend=-1).astype(np.uint32 if nv.size < 2**32 else np.uint64)
+        gaps = np.diff(idx, prepend=-1).astype(_UINT[_gap_width(nv.size)])
         payload, count, layout = cctx.compress(gaps.tobytes() + values.tobytes()), int(idx.size), "sparse"
     else:
         buf = scratch("xor")
@@ -179,6 +181,11 @@ class _XorPatch:
             raise CheckpointError("delta payload is longer than its tensor")
 
 
+def _gap_width(numel: int) -> int:
+    """Bytes per stored gap of a sparse payload: 4, or 8 for a tensor of `WIDE_GAPS_FROM` elements or more."""
+    return 4 if numel < WIDE_GAPS_FROM else 8
+
+
 class _SparsePatch:
     """Writes (overwrite) or XORs (sparse xor) a tensor's changed elements into each chunk."""
 
@@ -186,7 +193,7 @@ class _SparsePatch:
         self.xor = rec.encoding == "xor"
         item = DTYPE_SIZES[rec.dtype]
         numel = int(np.prod(rec.shape, dtype=np.int64))
-        gw = 4 if numel < 2**32 else 8
+        gw = _gap_width(numel)
         raw = zstd.ZstdDecompressor().decompress(payload, max_output_size=rec.count * (gw + item))
         if len(raw) != rec.count * (gw + item):
             raise CheckpointError(f"sparse payload has {len(raw)} bytes, expected {rec.count * (gw + item)}")

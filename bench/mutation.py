@@ -5,9 +5,9 @@ or dropped `if` check, an integer off by one, an arithmetic operator swapped, a 
 dropped, a returned value replaced by None, a boolean flipped), made with `ast` on one module
 of a copy of the repository, and run against the fast tests that cover that module. A mutant
 is killed when a test fails (or the run exceeds its timeout); it survives when every test
-passes. A survivor listed in `EXCUSED` (equivalent: it changes no behaviour; or out of reach:
-only a power cut or a 4 GiB tensor shows it), each with its reason, is counted apart: the
-score per module is killed / (run - excused), the raw score killed / run. The bugs seeded by
+passes. A survivor listed in `EXCUSED` (equivalent: it changes no behaviour), each with its
+reason, is counted apart: the score per module is killed / (run - excused), the raw score
+killed / run. The bugs seeded by
 issue 15 that the generic operators cannot make (a check weakened, a key dropped from a digest,
 a pragma changed) are added as `SEEDED` mutants, each run against its own tests; the first
 failing test is printed.
@@ -91,12 +91,14 @@ CORE: dict[str, list[str]] = {
         "tests/sync/test_delta_digest.py",
         "tests/sync/test_delta_gaps.py",
         "tests/sync/test_delta_wide_gaps.py",
+        "tests/sync/test_durable_defaults.py",
     ],
     "sync/pull.py": [
         "tests/sync/test_pull.py",
         "tests/sync/test_pull_edges.py",
         "tests/sync/test_delta_digest.py",
         "tests/sync/test_pull_gaps.py",
+        "tests/sync/test_durable_defaults.py",
     ],
     # In process: the scope, the policy, the sampling boundary, commit and journal replay.
     "gateway/turn.py": ["tests/gateway/test_mutation_gaps_turn.py"],
@@ -181,13 +183,9 @@ SEEDED: list[Seed] = [
 ]
 
 # Survivors that no test should kill, each with why, keyed by (module, mutation, source line):
-# "equivalent: ..." changes no behaviour; "out of reach: ..." changes behaviour only where a fast
-# test cannot go (a power cut). They are still run: one that survives
+# "equivalent: ..." changes no behaviour. They are still run: one that survives
 # is counted apart (the score leaves it out; the raw score does not) and printed with its reason;
 # one that is killed is printed too, since then its reason is wrong.
-_FSYNC = (
-    "out of reach: durable=True fsyncs files and directories; the difference shows only after a power cut"
-)
 _LEVEL = "equivalent: a zstd compression level; the payload decodes to the same bytes"
 EXCUSED: dict[tuple[str, str, str], str] = {
     ("gateway/turn.py", "0 -> 1", "tools: int = 0  # tools_digest of the request"): (
@@ -254,8 +252,6 @@ EXCUSED: dict[tuple[str, str, str], str] = {
         "new: NamedBytes, old: np.ndarray, base_digest: str, encoding: str, level: int = 1",
     ): _LEVEL,
     ("sync/delta.py", "1 -> 2", "level: int = 1,"): _LEVEL,
-    ("sync/delta.py", "True -> False", "durable: bool = True,"): _FSYNC,
-    ("sync/pull.py", "True -> False", "durable: bool = True,"): _FSYNC,
     ("sync/delta.py", "0 -> 1", 'payload, count, layout = b"".join(frames), 0, "dense"'): (
         "equivalent: `count` is read only for the sparse layout"
     ),

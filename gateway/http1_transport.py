@@ -16,7 +16,8 @@ never send a request twice).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
 from urllib.parse import urlsplit
 
 from rlgw.gateway.transport import ConnectFailed, ReadTimeout, TransportError
@@ -36,6 +37,23 @@ class _Connection:
 
     def close(self) -> None:
         self.writer.close()
+
+
+@contextlib.contextmanager
+def _failures(close: Callable[[], None], timed_out: str, failed: str) -> Iterator[None]:
+    """Any exit by exception closes the connection (it is mid-exchange); the wire's failures
+    become the transport's errors."""
+    try:
+        yield
+    except TimeoutError as exc:
+        close()
+        raise ReadTimeout(timed_out) from exc
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+        close()
+        raise TransportError(f"{failed}: {exc!r}") from exc
+    except BaseException:
+        close()
+        raise
 
 
 async def _read_chunk(reader: asyncio.StreamReader, limit_s: float) -> bytes:
@@ -64,7 +82,7 @@ class _Reply:
         conn = self._conn
         assert conn is not None, "the body was read already"
         reader, timeout = conn.reader, self._transport.read_timeout
-        try:
+        with _failures(self._drop, "the engine stopped sending its reply", "the engine's reply broke off"):
             if self._length is None:
                 while chunk := await _read_chunk(reader, timeout):
                     yield chunk
@@ -72,15 +90,6 @@ class _Reply:
                 async with asyncio.timeout(timeout):
                     body = await (reader.read() if self._length < 0 else reader.readexactly(self._length))
                 yield body
-        except TimeoutError as exc:
-            self._drop()
-            raise ReadTimeout("the engine stopped sending its reply") from exc
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            self._drop()
-            raise TransportError(f"the engine's reply broke off: {exc!r}") from exc
-        except BaseException:
-            self._drop()
-            raise
         self._conn = None
         # A body that ended with the connection leaves nothing to reuse.
         self._transport.release(conn, self._keep and (self._length is None or self._length >= 0))
@@ -165,19 +174,12 @@ class Http1Transport:
             f"{k}: {v}\r\n" for k, v in headers.items()
         )
         head += f"Content-Length: {len(body)}\r\n\r\n" if body is not None else "\r\n"
-        try:
+        with _failures(
+            conn.close, "the engine did not answer in time", "the exchange with the engine failed"
+        ):
             conn.writer.write(head.encode("latin-1") + body if body is not None else head.encode("latin-1"))
             async with asyncio.timeout(self.read_timeout):
                 return self._head(conn, await conn.reader.readuntil(b"\r\n\r\n"))
-        except TimeoutError as exc:
-            conn.close()
-            raise ReadTimeout("the engine did not answer in time") from exc
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            conn.close()
-            raise TransportError(f"the exchange with the engine failed: {exc!r}") from exc
-        except BaseException:
-            conn.close()
-            raise
 
     def _head(self, conn: _Connection, raw: bytes) -> _Reply:
         lines = raw[:-4].split(b"\r\n")

@@ -11,10 +11,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlgw.bin.main import build_parser
-from tests.support.procs import wait_healthy
+from tests.support.procs import free_port, wait_healthy
 
 TINY = str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny-qwen3")
 
@@ -70,10 +71,10 @@ def test_a_busy_port_fails_before_anything_loads(tmp_path) -> None:
     assert elapsed < 30  # interpreter start only; the engine would take minutes
 
 
-def test_a_stopped_gateway_takes_its_embedded_engine_with_it(tmp_path) -> None:
-    # uvicorn raises SIGTERM again after its graceful shutdown, so `rlgw serve` dies by the signal
-    # and its own cleanup never runs: the engine must end because its parent did.
-    port, engine_port = _free_port(), _free_port()
+@contextlib.contextmanager
+def _serving(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`rlgw serve` on the tiny model with its embedded engine; yields it and the engine's pid."""
+    port, engine_port = free_port(), free_port()
     serve = subprocess.Popen(
         [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "serve", "--model", TINY,
          "--port", str(port), "--engine-port", str(engine_port), "--engine-threads", "1",
@@ -84,42 +85,32 @@ def test_a_stopped_gateway_takes_its_embedded_engine_with_it(tmp_path) -> None:
         wait_healthy(f"http://127.0.0.1:{port}/health", serve, timeout=180)
         engine = _listener(engine_port)
         assert engine is not None and _alive(engine)
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(timeout=60)
-        deadline = time.monotonic() + 30
-        while _alive(engine) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive(engine), "the embedded engine outlived rlgw serve"
+        yield serve, engine
     finally:
         serve.kill()
+
+
+def _gone_soon(pid: int) -> bool:
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _alive(pid)
+
+
+def test_a_stopped_gateway_takes_its_embedded_engine_with_it(tmp_path) -> None:
+    # uvicorn raises SIGTERM again after its graceful shutdown, so `rlgw serve` dies by the signal
+    # and its own cleanup never runs: the engine must end because its parent did.
+    with _serving(tmp_path) as (serve, engine):
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=60)
+        assert _gone_soon(engine), "the embedded engine outlived rlgw serve"
 
 
 def test_a_killed_gateway_takes_its_embedded_engine_with_it_too(tmp_path) -> None:
-    port, engine_port = _free_port(), _free_port()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "serve", "--model", TINY,
-         "--port", str(port), "--engine-port", str(engine_port), "--engine-threads", "1",
-         "--data-dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", serve, timeout=180)
-        engine = _listener(engine_port)
-        assert engine is not None
+    with _serving(tmp_path) as (serve, engine):
         serve.kill()
         serve.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while _alive(engine) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive(engine), "the embedded engine outlived a killed rlgw serve"
-    finally:
-        serve.kill()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        assert _gone_soon(engine), "the embedded engine outlived a killed rlgw serve"
 
 
 def _listener(port: int) -> int | None:

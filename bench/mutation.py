@@ -201,13 +201,19 @@ EXCUSED: dict[tuple[str, str, str], str] = {
         "equivalent: the records of a session without a ledger carry no `invalidate` and no "
         "`commit` (both come from a ledger), so the rest of the function does nothing either"
     ),
-    ("gateway/render.py", "True -> False", "with_tools = self._increment(probe, [tool], True, {})"): (
+    (
+        "gateway/render.py",
+        "True -> False",
+        "with_tools = self._increment(probe, [tool], True, {}, anchor_user)",
+    ): ("equivalent: both probe renders then keep the same closing in front; their comparison is unchanged"),
+    ("gateway/render.py", "True -> False", "without = self._increment(probe, None, True, {}, anchor_user)"): (
         "equivalent: both probe renders then keep the same closing in front; their comparison is unchanged"
     ),
-    ("gateway/render.py", "True -> False", "without = self._increment(probe, None, True, {})"): (
-        "equivalent: both probe renders then keep the same closing in front; their comparison is unchanged"
-    ),
-    ("gateway/render.py", "0 -> 1", "anchor[0] = self._normalize_one(0, anchor_user)"): (
+    (
+        "gateway/render.py",
+        "0 -> 1",
+        "anchor = [_ANCHOR[1]] if anchor_user is None else [self._normalize_one(0, anchor_user), _ANCHOR[1]]",
+    ): (
         "equivalent: the index only names a message in an error, and the anchor (a message the "
         "agent sent in an earlier turn) was normalized without one then"
     ),

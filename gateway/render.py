@@ -136,7 +136,11 @@ class ChatRenderer:
                 f"the chat template closes an assistant turn with {closing!r}, which does not start with "
                 "a special token: the engine's stop token cannot be matched to the template's turn end"
             )
-        self._continuation_uses_tools = self._tools_reach_continuations()
+        # Whether increments carry the tool list, for a history with a user turn and for one
+        # without (a template may write tools into the *first* user message, as Llama 3.1's
+        # tools_in_user_message does: that message can be an increment's).
+        self._tools_after_user = self._tools_reach_continuations(_ANCHOR[0])
+        self._tools_without_user = self._tools_reach_continuations(None)
         self._renders_tools = self._tools_reach_prompts()
 
     def _tools_reach_prompts(self) -> bool:
@@ -153,19 +157,20 @@ class ChatRenderer:
         """Whether a request's tools reach the prompt (if not, tools must be refused, not ignored)."""
         return self._renders_tools
 
-    def _tools_reach_continuations(self) -> bool:
+    def _tools_reach_continuations(self, anchor_user: dict | None) -> bool:
         """Whether the template writes anything about tools after an assistant turn.
 
         Most templates (Qwen3, ChatML, Llama 3) render tools once, in the system block at the
         top; rendering them again in every turn's increment costs time that grows with the tool
         list, for text that is then thrown away. Templates that do repeat tools later (Mistral
-        puts them before the last user turn) keep getting them.
+        puts them before the last user turn) keep getting them. `anchor_user` as in
+        `render_continuation` (None: a history without a user turn).
         """
         probe = [{"role": "user", "content": "y"}]
         tool = {"type": "function", "function": {"name": "rlgw_probe_tool", "parameters": {"type": "object"}}}
         try:
-            with_tools = self._increment(probe, [tool], True, {})
-            without = self._increment(probe, None, True, {})
+            with_tools = self._increment(probe, [tool], True, {}, anchor_user)
+            without = self._increment(probe, None, True, {}, anchor_user)
         except GatewayError:
             return True
         return with_tools != without
@@ -246,8 +251,9 @@ class ChatRenderer:
         """
         if not new_messages:
             raise ValueError("render_continuation needs at least one new message")
-        tools = tools if self._continuation_uses_tools else None
-        return self._increment(new_messages, tools, previous_ended_with_eos, kwargs, anchor_user, True)
+        uses_tools = self._tools_after_user if anchor_user is not None else self._tools_without_user
+        tools = tools if uses_tools else None
+        return self._increment(new_messages, tools, previous_ended_with_eos, kwargs, anchor_user)
 
     def _increment(
         self,
@@ -255,15 +261,9 @@ class ChatRenderer:
         tools: list[dict] | None,
         previous_ended_with_eos: bool,
         kwargs: Mapping,
-        anchor_user: dict | None = None,
-        mirror_history: bool = False,
+        anchor_user: dict | None,
     ) -> list[int]:
-        anchor: list[dict] = list(_ANCHOR)
-        if mirror_history:
-            if anchor_user is not None:
-                anchor[0] = self._normalize_one(0, anchor_user)
-            else:
-                anchor = anchor[1:]
+        anchor = [_ANCHOR[1]] if anchor_user is None else [self._normalize_one(0, anchor_user), _ANCHOR[1]]
         try:
             text = self._render([*anchor, *self.normalize(new_messages)], tools, True, kwargs)
         except InvalidRequest:

@@ -22,6 +22,13 @@ TOOLS_EACH_TURN = (
     "{% for t in tools %}{{ t.function.name }};{% endfor %}[/TOOLS]{% endif %}" + TURNS
 )
 NO_TOOLS = "{% for m in messages %}" + TURNS
+# Like Llama 3.1's `tools_in_user_message`: the tool list is written into the first user message.
+TOOLS_IN_FIRST_USER = (
+    "{% set ns = namespace(done=false) %}{% for m in messages %}"
+    "{% if m.role == 'user' and tools and not ns.done %}[TOOLS]"
+    "{% for t in tools %}{{ t.function.name }};{% endfor %}[/TOOLS]{% set ns.done = true %}{% endif %}"
+    + TURNS
+)
 USER_FIRST = (
     "{% if messages[0].role != 'user' %}{{ raise_exception('the first message must be a user') }}{% endif %}"
     + NO_TOOLS
@@ -63,6 +70,20 @@ def test_tools_reach_increments_only_where_the_template_writes_them_there() -> N
     assert "get_weather" not in inc  # Qwen3 writes tools once, in the system block of the first prompt
     assert "get_weather" in text(qwen3, qwen3.render_prompt([USER], TOOLS))
     assert not renderer(NO_TOOLS).renders_tools
+
+
+def test_tools_written_into_the_first_user_message_reach_the_increment_that_holds_it() -> None:
+    r = renderer(TOOLS_IN_FIRST_USER)
+    history = [{"role": "system", "content": "s"}, {"role": "assistant", "content": "hi"}]
+    full = r.render_text([*history, USER], TOOLS, add_generation_prompt=True)
+    closed = r.render_text(history, TOOLS, add_generation_prompt=False)
+    # No user turn yet: the increment holds the first user message, and with it the tool list.
+    inc = text(r, r.render_continuation([USER], TOOLS, previous_ended_with_eos=False, anchor_user=None))
+    assert "[TOOLS]get_weather;[/TOOLS]" in inc
+    assert closed[: -len(r.end_of_turn_text + "\n")] + inc == full
+    # After a user turn the tool list is behind: the increment has none.
+    later = r.render_continuation([USER], TOOLS, previous_ended_with_eos=True, anchor_user=USER)
+    assert text(r, later) == "\n<|im_start|>user\nAnd in Rome?<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_a_template_that_wants_a_user_turn_first_renders_increments_after_the_plain_anchor() -> None:

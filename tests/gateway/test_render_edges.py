@@ -72,7 +72,7 @@ def test_tools_reach_increments_only_where_the_template_writes_them_there() -> N
     assert not renderer(NO_TOOLS).renders_tools
 
 
-def test_tools_written_into_the_first_user_message_reach_the_increment_that_holds_it() -> None:
+def test_tools_written_into_the_first_user_message_reach_the_increment_that_holds_it(monkeypatch) -> None:
     r = renderer(TOOLS_IN_FIRST_USER)
     history = [{"role": "system", "content": "s"}, {"role": "assistant", "content": "hi"}]
     full = r.render_text([*history, USER], TOOLS, add_generation_prompt=True)
@@ -81,9 +81,14 @@ def test_tools_written_into_the_first_user_message_reach_the_increment_that_hold
     inc = text(r, r.render_continuation([USER], TOOLS, previous_ended_with_eos=False, anchor_user=None))
     assert "[TOOLS]get_weather;[/TOOLS]" in inc
     assert closed[: -len(r.end_of_turn_text + "\n")] + inc == full
-    # After a user turn the tool list is behind: the increment has none.
+    # After a user turn the tool list is behind: the increment has none, and the template is not
+    # even handed the tools (rendering them would cost time for text that is thrown away).
+    handed: list[object] = []
+    render = r._render
+    monkeypatch.setattr(r, "_render", lambda msgs, tools, *a: handed.append(tools) or render(msgs, tools, *a))
     later = r.render_continuation([USER], TOOLS, previous_ended_with_eos=True, anchor_user=USER)
     assert text(r, later) == "\n<|im_start|>user\nAnd in Rome?<|im_end|>\n<|im_start|>assistant\n"
+    assert handed == [None]
 
 
 def test_a_template_that_wants_a_user_turn_first_renders_increments_after_the_plain_anchor() -> None:

@@ -24,16 +24,24 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import orjson
+import xxhash
 from transformers import PreTrainedTokenizerBase
+
+try:  # transformers' compiled-template cache (private): without it increments are always rendered
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+except ImportError:  # pragma: no cover - depends on the transformers release
+    _compile_jinja_template = None
 
 from rlgw.gateway.errors import GatewayError, InvalidRequest
 from rlgw.gateway.fast_tokenizer import HFEncoder, TextEncoder
+from rlgw.gateway.increment_cache import IncrementCache
 
 # Plain text that templates pass through unchanged; it marks where the anchor assistant's
 # content ends. It never reaches the engine (only text after it is tokenized).
@@ -119,6 +127,8 @@ class ChatRenderer:
         self._encode = self._encoder.encode
         self._config = config
         self._kwargs = dict(config.template_kwargs)
+        # Increments of shapes already seen are filled in, not rendered (increment_cache.py).
+        self._increments = IncrementCache()
         try:
             tokenizer.get_chat_template(config.chat_template)
         except ValueError as e:
@@ -263,14 +273,45 @@ class ChatRenderer:
         kwargs: Mapping,
         anchor_user: dict | None,
     ) -> list[int]:
+        messages = self.normalize(new_messages)
         anchor = [_ANCHOR[1]] if anchor_user is None else [self._normalize_one(0, anchor_user), _ANCHOR[1]]
+
+        def tail(new: list[dict], render: Callable[..., str] = self._render) -> str:
+            return self._tail(anchor, new, tools, previous_ended_with_eos, kwargs, render)
+
+        def placeholder_tail(new: list[dict]) -> str:
+            return tail(new, self._render_compiled)
+
+        if _compile_jinja_template is None:
+            return self.tokenize(tail(messages))
         try:
-            text = self._render([*anchor, *self.normalize(new_messages)], tools, True, kwargs)
+            context = (
+                _digest(anchor[0]) if anchor_user is not None else None,
+                _digest(tools) if tools else None,
+                orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS) if kwargs else b"",
+                previous_ended_with_eos,
+            )
+        except TypeError:  # not JSON (only code, never a request, passes such values)
+            return self.tokenize(tail(messages))
+        return self.tokenize(self._increments.text(context, messages, tail, placeholder_tail))
+
+    def _tail(
+        self,
+        anchor: list[dict],
+        messages: list[dict],
+        tools: list[dict] | None,
+        previous_ended_with_eos: bool,
+        kwargs: Mapping,
+        render: Callable[..., str],
+    ) -> str:
+        """The text after the anchor assistant's content: the increment (see `render_continuation`)."""
+        try:
+            text = render([*anchor, *messages], tools, True, kwargs)
         except InvalidRequest:
             if len(anchor) == len(_ANCHOR):
                 raise
             # A template that insists on a user turn first: the plain anchor is the best stand-in.
-            text = self._render([*_ANCHOR, *self.normalize(new_messages)], tools, True, kwargs)
+            text = render([*_ANCHOR, *messages], tools, True, kwargs)
         at = text.find(SENTINEL)
         if at < 0:
             raise TemplateIncompatible("the chat template dropped the anchor assistant's content")
@@ -279,9 +320,7 @@ class ChatRenderer:
             raise TemplateIncompatible(
                 f"after an assistant turn the template emitted {tail[:40]!r}, not {self._eot_text!r}"
             )
-        if previous_ended_with_eos:
-            tail = tail[len(self._eot_text) :]
-        return self.tokenize(tail)
+        return tail[len(self._eot_text) :] if previous_ended_with_eos else tail
 
     def tokenize(self, text: str) -> list[int]:
         """Ids of rendered text: special tokens parsed, no BOS/EOS added (templates write their own)."""
@@ -323,6 +362,27 @@ class ChatRenderer:
             # value of a shape it does not expect (templates are code run over agent input).
             raise InvalidRequest(f"the chat template rejected the messages: {e}", param="messages") from e
 
+    def _render_compiled(
+        self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool, kwargs: Mapping
+    ) -> str:
+        """The template run on `messages` as they are. `apply_chat_template` turns every value into
+        a plain JSON type first, which would strip the increment cache's placeholders of what
+        makes them notice being read; what this render may do differently (it skips transformers'
+        message clean-up) the cache's comparison with a real render catches."""
+        assert _compile_jinja_template is not None
+        template = _compile_jinja_template(self._tok.get_chat_template(self._config.chat_template, tools))
+        values = {**self._tok.special_tokens_map, **self._kwargs, **kwargs}
+        try:
+            return template.render(
+                messages=messages,
+                tools=tools or None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **values,
+            )
+        except (jinja2.TemplateError, TypeError) as e:
+            raise InvalidRequest(f"the chat template rejected the messages: {e}", param="messages") from e
+
     @staticmethod
     def _normalize_one(index: int, message: Any) -> dict:
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
@@ -334,6 +394,10 @@ class ChatRenderer:
         if "tool_calls" in out:
             out["tool_calls"] = [_normalize_tool_call(index, c) for c in out["tool_calls"]]
         return out
+
+
+def _digest(value: Any) -> int:
+    return xxhash.xxh3_128_intdigest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
 
 
 def _content_text(index: int, content: Any) -> str:

@@ -281,7 +281,8 @@ def test_render_continuation_renders_only_the_increment(qwen3: ChatRenderer, mon
 
     def spy_render(self, *args, **kwargs):
         msgs = kwargs["messages"]
-        rendered.append((len(msgs), sum(len(m.get("content") or "") for m in msgs)))
+        # str.__len__: the increment cache's placeholders note a plain len() as a read of their text
+        rendered.append((len(msgs), sum(str.__len__(m.get("content", "")) for m in msgs)))
         return render(self, *args, **kwargs)
 
     tokenize = ChatRenderer.tokenize
@@ -294,9 +295,17 @@ def test_render_continuation_renders_only_the_increment(qwen3: ChatRenderer, mon
     monkeypatch.setattr(ChatRenderer, "tokenize", spy_tokenize)
 
     anchor = {"role": "user", "content": "the last question"}
-    qwen3.render_continuation(new, TOOLS, previous_ended_with_eos=True, anchor_user=anchor)
-    assert rendered == [(3, len(anchor["content"]) + len(SENTINEL) + len("fresh result"))]
+    first = qwen3.render_continuation(new, TOOLS, previous_ended_with_eos=True, anchor_user=anchor)
+    # The real render, then the two placeholder renders that make the shape's skeleton.
+    assert rendered[0] == (3, len(anchor["content"]) + len(SENTINEL) + len("fresh result"))
+    assert len(rendered) == 3 and all(n == 3 for n, _ in rendered)
     assert encoded and max(encoded) < 200  # the increment's text only
+    # The next tool result of the same shape is filled into the skeleton: no render at all.
+    rendered.clear()
+    again = {**new[0], "tool_call_id": "next", "content": "another result"}
+    second = qwen3.render_continuation([again], TOOLS, previous_ended_with_eos=True, anchor_user=anchor)
+    assert rendered == []
+    assert qwen3.tokenizer.decode(second) == qwen3.tokenizer.decode(first).replace("fresh", "another")
 
     # The spies do see a whole history when one is rendered.
     rendered.clear()

@@ -88,7 +88,7 @@ def test_tools_written_into_the_first_user_message_reach_the_increment_that_hold
     monkeypatch.setattr(r, "_render", lambda msgs, tools, *a: handed.append(tools) or render(msgs, tools, *a))
     later = r.render_continuation([USER], TOOLS, previous_ended_with_eos=True, anchor_user=USER)
     assert text(r, later) == "\n<|im_start|>user\nAnd in Rome?<|im_end|>\n<|im_start|>assistant\n"
-    assert handed == [None]
+    assert handed and all(t is None for t in handed)
 
 
 def test_a_template_that_wants_a_user_turn_first_renders_increments_after_the_plain_anchor() -> None:

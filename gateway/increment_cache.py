@@ -1,0 +1,244 @@
+"""Increments without Jinja: the template's text around new messages, kept per shape.
+
+An agent's turns repeat a few shapes: after the same last user message, one tool result (or a
+few) with new text each time. Whenever the template does nothing with a new message's text but
+write it out, the increment for that shape is the same text around the new values, and filling
+that skeleton costs microseconds where a Jinja render costs hundreds (most of it, in a busy
+gateway, waiting on memory: a render touches a lot of cold Python objects). Per shape, the
+skeleton is used only after every check below passed:
+
+- The increment is rendered with every string field of the new messages except `role` replaced
+  by a placeholder: a `str` subclass that notes any use of its value other than being written
+  out (a comparison, truth or length, a method such as `startswith` or `strip`, indexing,
+  iteration, a number conversion, HTML escaping). Templates branch on roles, so roles stay
+  real and are part of the shape; so are non-string fields (tool calls) and the rest of what
+  the render depends on (the anchor, the tools when the increment carries them, the kwargs,
+  whether the previous turn ended with its stop token).
+- It is rendered again with placeholders of other lengths, words and lines: a value that a
+  filter derives from the text in C (`wordcount`, `tojson|length`) differs between the two.
+- Each placeholder holds a quote, a newline, `<` and `&`: any escaping changes it, and the
+  marker they share must only appear as whole placeholders.
+- On first use, the filled skeleton must equal the real render of the same messages, and again
+  on every `verify_every`-th fill after that (a template that reads the text in a way none of
+  the above sees, say `(content ~ '').startswith(...)`, is caught there, and logged).
+
+A shape that fails a check is rendered through Jinja from then on.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import markupsafe
+import orjson
+
+from rlgw.gateway.errors import GatewayError
+
+logger = logging.getLogger(__name__)
+
+_MARK = "rlgw" + secrets.token_hex(6)
+# Two placeholder spellings: different lengths, word counts and lines, same marker.
+_SPELLINGS = ('<{m}:{i}" \n&>', '<{m}:{i}"  two words\n\nand lines &>')
+_PATTERNS = tuple(re.compile(re.escape(s.format(m=_MARK, i="@")).replace("@", r"(\d+)")) for s in _SPELLINGS)
+
+
+class _Slot(str):
+    """A placeholder value: writing it out passes; any other use is noted in `uses`."""
+
+    uses: list[str]
+
+    def __new__(cls, text: str, uses: list[str]) -> _Slot:
+        slot = super().__new__(cls, text)
+        slot.uses = uses
+        return slot
+
+
+def _noting(name: str) -> Callable[..., Any]:
+    base = getattr(str, name)
+
+    def use(self: _Slot, *args: Any, **kwargs: Any) -> Any:
+        self.uses.append(name)
+        return base(self, *args, **kwargs)
+
+    return use
+
+
+# Every public str method and every operator that reads the value. `str()`, `format()`, `+` and
+# `join` only copy it into the output, which is what a placeholder is for.
+for _name in [n for n in dir(str) if not n.startswith("_")] + [
+    "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__len__", "__iter__",
+    "__getitem__", "__contains__", "__mul__", "__rmul__", "__mod__", "__rmod__", "__repr__",
+]:  # fmt: skip
+    setattr(_Slot, _name, _noting(_name))
+
+
+def _add(self: _Slot, other: Any) -> Any:
+    # `'' + content` then `startswith`: the sum is still the value, so its uses are noted too.
+    joined = str.__add__(self, other)
+    return _Slot(joined, self.uses) if joined is not NotImplemented else joined
+
+
+def _radd(self: _Slot, other: Any) -> Any:
+    return _Slot(other + str(self), self.uses) if isinstance(other, str) else NotImplemented
+
+
+def _bool(self: _Slot) -> bool:
+    self.uses.append("__bool__")
+    return str.__len__(self) > 0
+
+
+def _number(kind: type) -> Callable[[_Slot], Any]:
+    def convert(self: _Slot) -> Any:
+        self.uses.append(kind.__name__)
+        return kind(str(self))
+
+    return convert
+
+
+def _html(self: _Slot) -> markupsafe.Markup:
+    self.uses.append("__html__")
+    return markupsafe.escape(str(self))
+
+
+_Slot.__add__ = _add  # type: ignore[method-assign]
+_Slot.__radd__ = _radd  # type: ignore[attr-defined]
+_Slot.__bool__ = _bool  # type: ignore[attr-defined]
+_Slot.__int__ = _number(int)  # type: ignore[attr-defined]
+_Slot.__float__ = _number(float)  # type: ignore[attr-defined]
+_Slot.__html__ = _html  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class Skeleton:
+    """An increment's text as literal pieces around slots: pieces[0] + value + pieces[1] + ..."""
+
+    pieces: tuple[str, ...]
+    slots: tuple[int, ...]  # which value goes after each piece but the last
+
+    def fill(self, values: list[str]) -> str:
+        """The increment's text for these values."""
+        out = [self.pieces[0]]
+        for slot, piece in zip(self.slots, self.pieces[1:], strict=True):
+            out.append(values[slot])
+            out.append(piece)
+        return "".join(out)
+
+
+def shape(messages: list[dict[str, Any]]) -> tuple[bytes, list[str]]:
+    """The shape of normalized messages (roles, keys, non-string values) and their string values."""
+    values: list[str] = []
+    parts: list[Any] = []
+    for m in messages:
+        fixed: dict[str, Any] = {}
+        for k, v in m.items():
+            if k != "role" and type(v) is str:
+                fixed[k] = len(values)
+                values.append(v)
+            else:
+                fixed[k] = v
+        parts.append(fixed)
+    return orjson.dumps(parts), values
+
+
+def _placeholders(messages: list[dict[str, Any]], spelling: str, uses: list[str]) -> list[dict[str, Any]]:
+    out, n = [], 0
+    for m in messages:
+        copy = {}
+        for k, v in m.items():
+            if k != "role" and type(v) is str:
+                copy[k] = _Slot(spelling.format(m=_MARK, i=n), uses)
+                n += 1
+            else:
+                copy[k] = v
+        out.append(copy)
+    return out
+
+
+def _split(text: str, pattern: re.Pattern[str]) -> Skeleton | None:
+    parts = pattern.split(text)  # text, slot, text, slot, ..., text
+    pieces, slots = tuple(parts[0::2]), tuple(int(i) for i in parts[1::2])
+    if any(_MARK in p for p in pieces):
+        return None  # a placeholder was written out changed (escaped, cut, repeated in part)
+    return Skeleton(pieces, slots)
+
+
+def build_skeleton(
+    render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]]
+) -> Skeleton | None:
+    """The skeleton of `render(messages)` if the checks in the module docstring pass, else None."""
+    uses: list[str] = []
+    found = []
+    for spelling, pattern in zip(_SPELLINGS, _PATTERNS, strict=True):
+        try:
+            text = render(_placeholders(messages, spelling, uses))
+        except GatewayError:
+            return None
+        if uses or (skeleton := _split(text, pattern)) is None:
+            return None
+        found.append(skeleton)
+    return found[0] if found[0] == found[1] else None
+
+
+class IncrementCache:
+    """Skeletons by (context, shape), least recently used dropped past `size`; None marks a shape
+    that failed a check and is always rendered."""
+
+    def __init__(self, size: int = 4096, verify_every: int = 64) -> None:
+        self._size = size
+        self._verify_every = verify_every
+        self._fills = 0
+        self._skeletons: OrderedDict[tuple[Any, bytes], Skeleton | None] = OrderedDict()
+
+    def text(
+        self,
+        context: Any,
+        messages: list[dict[str, Any]],
+        render: Callable[[list[dict[str, Any]]], str],
+        render_placeholders: Callable[[list[dict[str, Any]]], str] | None = None,
+    ) -> str:
+        """`render(messages)`, from the skeleton of their shape in `context` when it has one.
+
+        `context` holds everything else the render depends on (hashable). A miss renders for
+        real, builds the skeleton (with `render_placeholders`, default `render`: a render that
+        hands the template the placeholders themselves, not copies) and keeps it only if it
+        reproduces that render exactly.
+        """
+        key_shape, values = shape(messages)
+        key = (context, key_shape)
+        skeleton = self._skeletons.get(key, _MISSING)
+        if skeleton is _MISSING:
+            text = render(messages)
+            built = build_skeleton(render_placeholders or render, messages)
+            self._skeletons[key] = built if built is not None and built.fill(values) == text else None
+            if len(self._skeletons) > self._size:
+                self._skeletons.popitem(last=False)
+            return text
+        self._skeletons.move_to_end(key)
+        if skeleton is None:
+            return render(messages)
+        self._fills += 1
+        if self._fills % self._verify_every:
+            return skeleton.fill(values)
+        text = render(messages)
+        if skeleton.fill(values) != text:
+            logger.error(
+                "increment skeleton differs from the template's render; rendering this shape from now on"
+            )
+            self._skeletons[key] = None
+        return text
+
+    def __len__(self) -> int:
+        return len(self._skeletons)
+
+    def usable(self) -> int:
+        """How many kept shapes are filled rather than rendered."""
+        return sum(s is not None for s in self._skeletons.values())
+
+
+_MISSING: Any = object()

@@ -1,0 +1,160 @@
+"""Increments filled into skeletons: equal to the template's render, or not used.
+
+Templates here run in a sandboxed Jinja environment set up as transformers sets up chat templates;
+each is compared with its own render for contents chosen to make a content-reading template
+render differently. The end-to-end tests (test_scenarios, test_fidelity) run the real Qwen3 and
+ChatML templates through the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jinja2
+import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from rlgw.gateway.errors import InvalidRequest
+from rlgw.gateway.increment_cache import IncrementCache, build_skeleton
+from rlgw.gateway.render import ChatRenderer, TemplateConfig
+from tests.support.real_tokenizers import qwen3_tokenizer
+
+ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+TURN = "<|im_start|>{{ m.role }}\n{CONTENT}<|im_end|>\n"
+CONTENTS = [
+    "plain result",
+    "",
+    "  padded  \n",
+    'ERROR: <tool_response>x</tool_response> & "quoted" {{ not jinja }}',
+    "one two three four five six",
+    "ünïcödé ✓ 日本語\ttab",
+]
+
+
+def render_with(content_expr: str):
+    """A render function over `messages` whose message text is written as `content_expr`."""
+    template = ENV.from_string(
+        "{% for m in messages %}" + TURN.replace("{CONTENT}", content_expr) + "{% endfor %}"
+    )
+    return lambda messages: template.render(messages=messages)
+
+
+def tool(content: str, call_id: str = "call_1") -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def test_a_template_that_only_writes_the_text_is_filled_for_every_content() -> None:
+    render = render_with("{{ m.content }} [{{ m.tool_call_id }}]")
+    cache = IncrementCache()
+    for i, content in enumerate(CONTENTS):
+        messages = [tool(content, f"call_{i}"), tool(content[::-1], f"call_{i}b")]
+        assert cache.text("ctx", messages, render) == render(messages)
+    assert len(cache) == 1 and cache.usable() == 1
+
+
+@pytest.mark.parametrize(
+    "content_expr",
+    [
+        "{{ m.content | trim }}",  # a method (strip)
+        "{% if m.content.startswith('ERROR') %}!{% endif %}{{ m.content }}",
+        "{% if m.content %}{{ m.content }}{% else %}(empty){% endif %}",  # truth
+        "{{ m.content | length }}:{{ m.content }}",  # len
+        "{{ m.content[:3] }}",  # indexing
+        "{% if '<tool_response>' in m.content %}T{% endif %}{{ m.content }}",  # contains
+        "{% if m.content == '' %}(empty){% endif %}{{ m.content }}",  # comparison
+        "{{ m.content | upper }}",
+        "{{ m.content | wordcount }} words: {{ m.content }}",  # read in C: the two spellings differ
+        "{{ m.content | tojson }}",  # escaped: the placeholder is not written out as it is
+        "{{ m.content | e }}",  # HTML escaping
+        "{% set c = '' + m.content %}{% if c.endswith(' ') %}_{% endif %}{{ c }}",  # a sum is still the value
+        "{{ (m.content ~ '') | wordcount }}",
+    ],
+)
+def test_a_template_that_reads_the_text_is_always_rendered(content_expr: str) -> None:
+    render = render_with(content_expr)
+    cache = IncrementCache()
+    for content in CONTENTS:
+        assert cache.text("ctx", [tool(content)], render) == render([tool(content)])
+    assert cache.usable() == 0
+
+
+def test_a_read_no_check_sees_is_caught_by_the_first_render_or_the_sampled_ones(caplog) -> None:
+    # A C-level read of a copy: no noted use, both spellings equal (neither holds "ERROR").
+    render = render_with("{% if 'ERROR' in (m.content ~ '') %}!{% endif %}{{ m.content }}")
+    first = IncrementCache()
+    assert first.text("ctx", [tool("ERROR: x")], render) == render([tool("ERROR: x")])
+    assert first.usable() == 0  # the first use is compared with the real render
+    cache = IncrementCache(verify_every=4)
+    outputs = [cache.text("ctx", [tool(c)], render) for c in ["ok", "fine", "good", "ERROR: y"]]
+    assert cache.usable() == 1  # "ok" kept it; the next three were filled
+    with caplog.at_level(logging.ERROR, logger="rlgw.gateway.increment_cache"):
+        caught = cache.text("ctx", [tool("ERROR: z")], render)  # the 4th fill is verified
+    assert outputs[:3] == [render([tool(c)]) for c in ["ok", "fine", "good"]]
+    assert caught == render([tool("ERROR: z")]) and cache.usable() == 0
+    assert "differs" in caplog.text
+
+
+def test_shapes_are_told_apart_by_roles_keys_and_non_string_values() -> None:
+    render = render_with("{{ m.content }}{% if m.name is defined %} ({{ m.name }}){% endif %}")
+    cache = IncrementCache()
+    user = {"role": "user", "content": "hi"}
+    for messages in (
+        [tool("a")],
+        [user],
+        [tool("a"), user],
+        [{**tool("a"), "name": "bash"}],
+        [{**tool("a"), "extra": 1}],
+        [{**tool("a"), "extra": 2}],
+    ):
+        assert cache.text("ctx", messages, render) == render(messages)
+        assert cache.text("other", messages, render) == render(messages)
+    assert len(cache) == 12 and cache.usable() == 12
+
+
+def test_the_least_recently_used_shape_goes_first() -> None:
+    render = render_with("{{ m.content }}")
+    cache = IncrementCache(size=2)
+    for ctx in ("a", "b", "a", "c"):
+        cache.text(ctx, [tool("x")], render)
+    assert len(cache) == 2
+    renders = []
+    cache.text("a", [tool("y")], lambda m: renders.append(1) or render(m))
+    assert renders == []  # "a" was used last but one: kept; "b" went
+
+
+def test_a_template_error_leaves_no_skeleton() -> None:
+    def refuse(messages: list[dict]) -> str:
+        raise InvalidRequest("roles must alternate")
+
+    assert build_skeleton(refuse, [tool("x")]) is None
+
+
+def test_qwen3_tool_results_are_filled_and_equal_the_render(monkeypatch) -> None:
+    def renderer() -> ChatRenderer:
+        return ChatRenderer(qwen3_tokenizer(), TemplateConfig())
+
+    anchor = {"role": "user", "content": "fix the bug"}
+    turns = [[tool(content, f"call_{i}")] for i, content in enumerate(CONTENTS * 2)]
+    # Each expected increment from a fresh renderer, whose first render is a real one.
+    expected = [
+        renderer().render_continuation(new, None, previous_ended_with_eos=True, anchor_user=anchor)
+        for new in turns
+    ]
+    cached = renderer()
+    renders = []
+    render = jinja2.Template.render
+    monkeypatch.setattr(jinja2.Template, "render", lambda *a, **k: renders.append(1) or render(*a, **k))
+    got = [
+        cached.render_continuation(new, None, previous_ended_with_eos=True, anchor_user=anchor)
+        for new in turns
+    ]
+    assert got == expected
+    assert len(renders) == 3  # the first turn: its render and the skeleton's two; then fills only
+    # A user message's text Qwen3 reads (is it a wrapped tool response?): rendered every time.
+    user = [{"role": "user", "content": "<tool_response>not a query</tool_response>"}]
+    for _ in range(2):
+        renders.clear()
+        ids = cached.render_continuation(user, None, previous_ended_with_eos=True, anchor_user=anchor)
+        assert renders
+    monkeypatch.undo()
+    assert ids == renderer().render_continuation(user, None, previous_ended_with_eos=True, anchor_user=anchor)

@@ -15,13 +15,13 @@ own), with the real Qwen3 tokenizer and chat template:
 2. The load run. `--load` concurrent sessions (64 and 256), each running `--load-turns` turns
    of the same loop at once: turns/s, p50/p99 turn latency and added latency (minus the same
    load sent directly to the stub's OpenAI endpoint), and the gateway's peak RSS growth per
-   open session. The same load then goes through LiteLLM's proxy (bench/litellm_peer.py, a
+   open session. The same load also goes through LiteLLM's proxy (bench/litellm_peer.py, a
    plain pass-through to the stub's `/v1/chat/completions`): goal, rlgw >= 10x its turns/s
-   while tokenizing and recording.
+   while tokenizing and recording. Targets take turns over `--load-rounds` rounds (medians).
 
 Run it on a quiet machine; the load average is printed beside the figures.
 
-    python -m bench.gateway [--sessions 40] [--turns 40] [--load 64,256] [--no-litellm]
+    python -m bench.gateway [--sessions 40] [--turns 40] [--load 64,256] [--load-rounds 3] [--no-litellm]
 """
 
 from __future__ import annotations
@@ -347,7 +347,13 @@ async def load_run(target: Target, work: Workload, agents: int, turns: int) -> t
 
 
 def run_loads(gw: str, gw_pid: int, stub: str, work: Workload, args: argparse.Namespace) -> None:
-    """The load runs: direct, rlgw and LiteLLM at each concurrency; turns/s, latency, memory."""
+    """The load runs: direct, rlgw and LiteLLM at each concurrency; turns/s, latency, memory.
+
+    Each concurrency runs `--load-rounds` rounds, the targets in a rotated order each round: this
+    host's speed drifts by tens of percent over minutes, and rounds taken side by side keep that
+    drift out of the ratio. Turns/s is the median over rounds (each round's figure printed too);
+    latencies are pooled; peak RSS is the highest over rounds.
+    """
     concurrency = [int(x) for x in args.load.split(",") if x]
     peer_cm = contextlib.nullcontext(None)
     if not args.no_litellm:
@@ -361,33 +367,49 @@ def run_loads(gw: str, gw_pid: int, stub: str, work: Workload, args: argparse.Na
             top = work.task_tokens + args.load_turns * (work.observation_tokens + 30)
             print(
                 f"\nload: {agents} concurrent sessions x {args.load_turns} turns (history to about {top} "
-                f"tokens); {load_average()}"
+                f"tokens), {args.load_rounds} rounds; {load_average()}"
             )
-            results = {}
+            rates: dict[str, list[float]] = {t.name: [] for t in targets}
+            lats: dict[str, list[float]] = {t.name: [] for t in targets}
+            peaks: dict[str, float] = {}
+            for r in range(args.load_rounds):
+                for target in targets[r % len(targets) :] + targets[: r % len(targets)]:
+                    pid = pids.get(target.name)
+                    rss = PeakRss(pid) if pid else None
+                    base_rss = rss.now() if rss else 0
+                    with rss or contextlib.nullcontext():
+                        tps, lat, _ = asyncio.run(load_run(target, work, agents, args.load_turns))
+                    rates[target.name].append(tps)
+                    lats[target.name] += lat
+                    if rss:
+                        peaks[target.name] = max(
+                            peaks.get(target.name, 0.0), (rss.peak - base_rss) / agents / 1024
+                        )
             for target in targets:
-                pid = pids.get(target.name)
-                rss = PeakRss(pid) if pid else None
-                base_rss = rss.now() if rss else 0
-                with rss or contextlib.nullcontext():
-                    tps, lat, n = asyncio.run(load_run(target, work, agents, args.load_turns))
-                results[target.name] = (tps, lat)
-                per_session = (rss.peak - base_rss) / agents / 1024 if rss else 0.0
-                mem = f"; peak RSS +{per_session:.0f} KiB per open session" if rss else ""
+                name, lat = target.name, lats[target.name]
                 added = ""
-                if target.name != "direct":
-                    d = results["direct"][1]
+                if name != "direct":
+                    d = lats["direct"]
                     added = (
                         f"; added p50 {(pct(lat, 0.5) - pct(d, 0.5)) * 1e3:.1f} ms"
                         f" p99 {(pct(lat, 0.99) - pct(d, 0.99)) * 1e3:.1f} ms"
                     )
+                mem = f"; peak RSS +{peaks[name]:.0f} KiB per open session" if name in peaks else ""
+                rounds = "/".join(f"{x:.0f}" for x in rates[name])
+                median = statistics.median(rates[name])
                 print(
-                    f"  {target.name:>8}: {tps:7.0f} turns/s ({n} turns); latency p50 "
+                    f"  {name:>8}: {median:7.0f} turns/s (rounds {rounds}); latency p50 "
                     f"{pct(lat, 0.5) * 1e3:.1f} ms p99 {pct(lat, 0.99) * 1e3:.1f} ms{added}{mem}"
                 )
-            if "litellm" in results:
-                ratio = results["rlgw"][0] / results["litellm"][0]
+            if "litellm" in rates:
+                ratio = statistics.median(rates["rlgw"]) / statistics.median(rates["litellm"])
+                each = ", ".join(
+                    f"{a / b:.1f}x" for a, b in zip(rates["rlgw"], rates["litellm"], strict=True)
+                )
                 verdict = "yes" if ratio >= 10 else "NO"
-                print(f"  goal: rlgw turns/s >= 10x LiteLLM's: {ratio:.1f}x ({verdict})")
+                print(
+                    f"  goal: rlgw turns/s >= 10x LiteLLM's: {ratio:.1f}x ({verdict}); round by round {each}"
+                )
 
 
 # ---------------------------------------------------------------------------- main
@@ -401,6 +423,7 @@ def main() -> None:
     ap.add_argument("--task-tokens", type=int, default=300, help="tokens of the first user message")
     ap.add_argument("--load", default="64,256", help="concurrent sessions of the load runs ('': skip)")
     ap.add_argument("--load-turns", type=int, default=8, help="turns per session in the load runs")
+    ap.add_argument("--load-rounds", type=int, default=3, help="rounds of each load run (median reported)")
     ap.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy in the load runs")
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("serve_args", nargs="*", help="extra `rlgw serve` arguments (after --)")

@@ -173,8 +173,9 @@ def plan_turn(profile: ModelProfile, session: Session, turn: Turn, params: ChatP
         inc = renderer.render_continuation(
             synced.new, tools, previous_ended_with_eos=last.ended_with_stop_token, anchor_user=anchor, **kw
         )
-        plan.input_ids = np.concatenate([seg.ids_view(), np.asarray(inc, dtype=np.int32)])
-        plan.increment, plan.new_messages = inc, synced.new
+        inc_ids = np.asarray(inc, dtype=np.int32)
+        plan.input_ids = np.concatenate([seg.ids_view(), inc_ids])
+        plan.increment, plan.new_messages = inc_ids, synced.new
         plan.echo_matches, plan.echo_edits = synced.echo_matches, synced.echo_edits
     plan.reasoning_forced = _forced(profile, plan.increment)
     return plan
@@ -189,10 +190,10 @@ def _last_user(messages: list[dict[str, Any]], end: int) -> dict[str, Any] | Non
     return None
 
 
-def _forced(profile: ModelProfile, ids: list[int]) -> bool:
+def _forced(profile: ModelProfile, ids: list[int] | np.ndarray) -> bool:
     """Whether the generation prompt already opened a think block (reasoning is forced)."""
     k = len(profile.think_start_ids)
-    return k > 0 and tuple(ids[-k:]) == profile.think_start_ids
+    return k > 0 and tuple(int(i) for i in ids[-k:]) == profile.think_start_ids
 
 
 class TurnDecoder:

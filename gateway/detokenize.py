@@ -63,10 +63,13 @@ class IncrementalDetokenizer:
 
     def _advance(self, text: str) -> str:
         new = text[len(self._prefix_text) :]
-        # The ids just emitted become the next window's context.
+        # The ids just emitted become the next window's context. When the window had no
+        # context (the first piece, or all of a non-streamed turn), that is what was just decoded.
+        fresh = self._prefix_offset == self._read_offset
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        self._prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        window = self._ids[self._prefix_offset : self._read_offset]
+        self._prefix_text = text if fresh else self._decode(window)
         return new
 
 

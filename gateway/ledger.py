@@ -306,7 +306,7 @@ class TurnCommit:
     """Everything one successful turn appends."""
 
     new_messages: list[dict[str, Any]] | None  # None: a /v1/completions turn (no messages)
-    prompt_ids: list[int]  # the rendered increment (mask 0)
+    prompt_ids: list[int] | np.ndarray  # the rendered increment (mask 0)
     output_ids: list[int]
     logprobs: list[float]
     version_spans: list[tuple[str, int, int]]  # over output_ids
@@ -454,7 +454,8 @@ class Ledger:
         if len(turn.logprobs) != n_out:
             raise ValueError(f"{n_out} output ids but {len(turn.logprobs)} logprobs")
         prompt_start, records_before, versions_before = len(seg.ids), len(seg.records), len(seg.versions)
-        seg.ids.extend(turn.prompt_ids)
+        # As int32 bytes: `array.extend` converts a list item by item (30 us for 800 ids).
+        seg.ids.frombytes(np.asarray(turn.prompt_ids, dtype=np.int32).tobytes())
         seg.logprobs.frombytes(bytes(4 * n_prompt))
         seg.mask.extend(bytes(n_prompt))
         start = len(seg.ids)

@@ -50,7 +50,7 @@ class Plan:
     """What a turn feeds the engine and, if it commits, what it does to the ledger."""
 
     input_ids: np.ndarray
-    increment: list[int]
+    increment: list[int] | np.ndarray  # int32 when the turn built input_ids from it
     recorded: bool  # False: eval mode, or capture turned off (passthrough)
     new_messages: list[dict[str, Any]] | None = None  # None: a completions turn (no messages)
     surface: str = "chat"

@@ -78,6 +78,11 @@ CORE: dict[str, list[str]] = {
         "tests/gateway/test_render_edges.py",
         "tests/gateway/test_render.py",
         "tests/gateway/test_mutation_gaps_render.py",
+        "tests/gateway/test_increment_cache.py",
+    ],
+    "gateway/increment_cache.py": [
+        "tests/gateway/test_increment_cache.py",
+        "tests/gateway/test_render.py",
     ],
     "gateway/store.py": [
         "tests/gateway/test_store.py",

@@ -8,14 +8,16 @@ gateway, waiting on memory: a render touches a lot of cold Python objects). Per 
 skeleton is used only after every check below passed:
 
 - The increment is rendered with every string field of the new messages except `role` replaced
-  by a placeholder: a `str` subclass that notes any use of its value other than being written
-  out (a comparison, truth or length, a method such as `startswith` or `strip`, indexing,
-  iteration, a number conversion, HTML escaping). Templates branch on roles, so roles stay
-  real and are part of the shape; so are non-string fields (tool calls) and the rest of what
-  the render depends on (the anchor, the tools when the increment carries them, the kwargs,
-  whether the previous turn ended with its stop token).
-- It is rendered again with placeholders of other lengths, words and lines: a value that a
-  filter derives from the text in C (`wordcount`, `tojson|length`) differs between the two.
+  by a placeholder: a `str` subclass that stops the render (`ValueRead`) at any use of its value
+  other than being written out (a comparison, truth or length, a method such as `startswith` or
+  `strip`, indexing, iteration, a number conversion, HTML escaping), in a copy of the template
+  whose filters and tests refuse placeholders too (`guarded_template`: filters read their
+  argument in C, where no method of it sees). Templates branch on roles, so roles stay real
+  and are part of the shape; so are non-string fields (tool calls) and the rest of what the
+  render depends on (the anchor, the tools when the increment carries them, the kwargs, whether
+  the previous turn ended with its stop token).
+- It is rendered again with placeholders of other lengths, words and lines: a value derived from
+  the text some other way (`(content ~ '') | wordcount`) differs between the two.
 - Each placeholder holds a quote, a newline, `<` and `&`: any escaping changes it, and the
   marker they share must only appear as whole placeholders.
 - On first use, the filled skeleton must equal the real render of the same messages, and again
@@ -27,6 +29,7 @@ A shape that fails a check is rendered through Jinja from then on.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import secrets
@@ -35,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import markupsafe
+import jinja2
 import orjson
 
 from rlgw.gateway.errors import GatewayError
@@ -48,70 +51,64 @@ _SPELLINGS = ('<{m}:{i}" \n&>', '<{m}:{i}"  two words\n\nand lines &>')
 _PATTERNS = tuple(re.compile(re.escape(s.format(m=_MARK, i="@")).replace("@", r"(\d+)")) for s in _SPELLINGS)
 
 
+class ValueRead(Exception):
+    """A placeholder render read a value it should only have written out: the shape is not filled."""
+
+
 class _Slot(str):
-    """A placeholder value: writing it out passes; any other use is noted in `uses`."""
-
-    uses: list[str]
-
-    def __new__(cls, text: str, uses: list[str]) -> _Slot:
-        slot = super().__new__(cls, text)
-        slot.uses = uses
-        return slot
+    """A placeholder value: writing it out passes; anything else raises `ValueRead`."""
 
 
-def _noting(name: str) -> Callable[..., Any]:
-    base = getattr(str, name)
+def _reading(name: str) -> Callable[..., Any]:
+    def read(self: _Slot, *args: Any, **kwargs: Any) -> Any:
+        raise ValueRead(name)
 
-    def use(self: _Slot, *args: Any, **kwargs: Any) -> Any:
-        self.uses.append(name)
-        return base(self, *args, **kwargs)
-
-    return use
+    return read
 
 
-# Every public str method and every operator that reads the value. `str()`, `format()`, `+` and
-# `join` only copy it into the output, which is what a placeholder is for.
+# Every public str method and every operator that reads the value. `str()`, `format()` and
+# `join` only copy it into the output, which is what a placeholder is for; a sum is still the
+# value (`'' + content` then `startswith`), so it stays a placeholder.
 for _name in [n for n in dir(str) if not n.startswith("_")] + [
     "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__len__", "__iter__",
     "__getitem__", "__contains__", "__mul__", "__rmul__", "__mod__", "__rmod__", "__repr__",
+    "__bool__", "__int__", "__float__", "__html__",
 ]:  # fmt: skip
-    setattr(_Slot, _name, _noting(_name))
+    setattr(_Slot, _name, _reading(_name))
+_Slot.__add__ = lambda self, other: _Slot(str.__add__(self, other))  # type: ignore[method-assign]
+_Slot.__radd__ = lambda self, other: _Slot(other + str(self))  # type: ignore[attr-defined]
+
+# Filters and tests that only hand a value on to be written out, or look at its type.
+_PASSING = frozenset(
+    {"filter string", "filter safe", "test string", "test defined", "test undefined", "test none"}
+)
 
 
-def _add(self: _Slot, other: Any) -> Any:
-    # `'' + content` then `startswith`: the sum is still the value, so its uses are noted too.
-    joined = str.__add__(self, other)
-    return _Slot(joined, self.uses) if joined is not NotImplemented else joined
+def _guarded(kind: str, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)  # keeps `jinja_pass_arg` (context-taking filters)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if any(type(a) is _Slot for a in (*args, *kwargs.values())):
+            raise ValueRead(f"{kind} {name}")
+        return function(*args, **kwargs)
+
+    return call
 
 
-def _radd(self: _Slot, other: Any) -> Any:
-    return _Slot(other + str(self), self.uses) if isinstance(other, str) else NotImplemented
+def guarded_template(environment: jinja2.Environment, source: str) -> jinja2.Template:
+    """`source` compiled in an overlay of `environment` whose filters and tests refuse placeholders.
 
-
-def _bool(self: _Slot) -> bool:
-    self.uses.append("__bool__")
-    return str.__len__(self) > 0
-
-
-def _number(kind: type) -> Callable[[_Slot], Any]:
-    def convert(self: _Slot) -> Any:
-        self.uses.append(kind.__name__)
-        return kind(str(self))
-
-    return convert
-
-
-def _html(self: _Slot) -> markupsafe.Markup:
-    self.uses.append("__html__")
-    return markupsafe.escape(str(self))
-
-
-_Slot.__add__ = _add  # type: ignore[method-assign]
-_Slot.__radd__ = _radd  # type: ignore[attr-defined]
-_Slot.__bool__ = _bool  # type: ignore[attr-defined]
-_Slot.__int__ = _number(int)  # type: ignore[attr-defined]
-_Slot.__float__ = _number(float)  # type: ignore[attr-defined]
-_Slot.__html__ = _html  # type: ignore[attr-defined]
+    Filters read their argument in C where no placeholder method sees it (`int`, `wordcount`,
+    `tojson`, `length`); only those in `_PASSING` may take one.
+    """
+    overlay = environment.overlay()
+    overlay.filters = {
+        k: f if f"filter {k}" in _PASSING else _guarded("filter", k, f)
+        for k, f in environment.filters.items()
+    }
+    overlay.tests = {
+        k: f if f"test {k}" in _PASSING else _guarded("test", k, f) for k, f in environment.tests.items()
+    }
+    return overlay.from_string(source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,13 +143,13 @@ def shape(messages: list[dict[str, Any]]) -> tuple[bytes, list[str]]:
     return orjson.dumps(parts), values
 
 
-def _placeholders(messages: list[dict[str, Any]], spelling: str, uses: list[str]) -> list[dict[str, Any]]:
+def _placeholders(messages: list[dict[str, Any]], spelling: str) -> list[dict[str, Any]]:
     out, n = [], 0
     for m in messages:
         copy = {}
         for k, v in m.items():
             if k != "role" and type(v) is str:
-                copy[k] = _Slot(spelling.format(m=_MARK, i=n), uses)
+                copy[k] = _Slot(spelling.format(m=_MARK, i=n))
                 n += 1
             else:
                 copy[k] = v
@@ -172,17 +169,14 @@ def build_skeleton(
     render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]]
 ) -> Skeleton | None:
     """The skeleton of `render(messages)` if the checks in the module docstring pass, else None."""
-    uses: list[str] = []
     found = []
     for spelling, pattern in zip(_SPELLINGS, _PATTERNS, strict=True):
         try:
-            text = render(_placeholders(messages, spelling, uses))
-        except GatewayError:
+            text = render(_placeholders(messages, spelling))
+        except (ValueRead, GatewayError):
             return None
-        if uses or (skeleton := _split(text, pattern)) is None:
-            return None
-        found.append(skeleton)
-    return found[0] if found[0] == found[1] else None
+        found.append(_split(text, pattern))
+    return found[0] if found[0] is not None and found[0] == found[1] else None
 
 
 class IncrementCache:

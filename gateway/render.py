@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - depends on the transformers release
 
 from rlgw.gateway.errors import GatewayError, InvalidRequest
 from rlgw.gateway.fast_tokenizer import HFEncoder, TextEncoder
-from rlgw.gateway.increment_cache import IncrementCache
+from rlgw.gateway.increment_cache import IncrementCache, guarded_template
 
 # Plain text that templates pass through unchanged; it marks where the anchor assistant's
 # content ends. It never reaches the engine (only text after it is tokenized).
@@ -129,6 +129,7 @@ class ChatRenderer:
         self._kwargs = dict(config.template_kwargs)
         # Increments of shapes already seen are filled in, not rendered (increment_cache.py).
         self._increments = IncrementCache()
+        self._guarded: dict[str, jinja2.Template] = {}  # template source -> its guarded copy
         try:
             tokenizer.get_chat_template(config.chat_template)
         except ValueError as e:
@@ -284,15 +285,12 @@ class ChatRenderer:
 
         if _compile_jinja_template is None:
             return self.tokenize(tail(messages))
-        try:
-            context = (
-                _digest(anchor[0]) if anchor_user is not None else None,
-                _digest(tools) if tools else None,
-                orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS) if kwargs else b"",
-                previous_ended_with_eos,
-            )
-        except TypeError:  # not JSON (only code, never a request, passes such values)
-            return self.tokenize(tail(messages))
+        context = (
+            _digest(anchor[0]) if anchor_user is not None else None,
+            _digest(tools) if tools else None,
+            orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS) if kwargs else b"",
+            previous_ended_with_eos,
+        )
         return self.tokenize(self._increments.text(context, messages, tail, placeholder_tail))
 
     def _tail(
@@ -365,12 +363,17 @@ class ChatRenderer:
     def _render_compiled(
         self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool, kwargs: Mapping
     ) -> str:
-        """The template run on `messages` as they are. `apply_chat_template` turns every value into
-        a plain JSON type first, which would strip the increment cache's placeholders of what
-        makes them notice being read; what this render may do differently (it skips transformers'
-        message clean-up) the cache's comparison with a real render catches."""
-        assert _compile_jinja_template is not None
-        template = _compile_jinja_template(self._tok.get_chat_template(self._config.chat_template, tools))
+        """The template, in its guarded copy (`increment_cache.guarded_template`), run on `messages`
+        as they are: `apply_chat_template` turns every value into a plain JSON type first, which
+        would strip the increment cache's placeholders of what makes them notice being read. What
+        this render may do differently (it skips transformers' message clean-up) the cache's
+        comparison with a real render catches."""
+        source = self._tok.get_chat_template(self._config.chat_template, tools)
+        template = self._guarded.get(source)
+        if template is None:
+            assert _compile_jinja_template is not None
+            environment = _compile_jinja_template(source).environment
+            template = self._guarded[source] = guarded_template(environment, source)
         values = {**self._tok.special_tokens_map, **self._kwargs, **kwargs}
         try:
             return template.render(

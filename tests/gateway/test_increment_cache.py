@@ -15,7 +15,7 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.increment_cache import IncrementCache, build_skeleton
+from rlgw.gateway.increment_cache import IncrementCache, build_skeleton, guarded_template
 from rlgw.gateway.render import ChatRenderer, TemplateConfig
 from tests.support.real_tokenizers import qwen3_tokenizer
 
@@ -31,12 +31,22 @@ CONTENTS = [
 ]
 
 
-def render_with(content_expr: str):
-    """A render function over `messages` whose message text is written as `content_expr`."""
-    template = ENV.from_string(
-        "{% for m in messages %}" + TURN.replace("{CONTENT}", content_expr) + "{% endfor %}"
-    )
-    return lambda messages: template.render(messages=messages)
+class Template:
+    """A template whose message text is written as `content_expr`: its render, and the guarded
+    copy's render (what the renderer hands the cache for placeholder renders)."""
+
+    def __init__(self, content_expr: str) -> None:
+        source = "{% for m in messages %}" + TURN.replace("{CONTENT}", content_expr) + "{% endfor %}"
+        self._plain, self._guarded = ENV.from_string(source), guarded_template(ENV, source)
+
+    def __call__(self, messages: list[dict]) -> str:
+        return self._plain.render(messages=messages)
+
+    def guarded(self, messages: list[dict]) -> str:
+        return self._guarded.render(messages=messages)
+
+    def text(self, cache: IncrementCache, context: str, messages: list[dict]) -> str:
+        return cache.text(context, messages, self, self.guarded)
 
 
 def tool(content: str, call_id: str = "call_1") -> dict:
@@ -44,11 +54,11 @@ def tool(content: str, call_id: str = "call_1") -> dict:
 
 
 def test_a_template_that_only_writes_the_text_is_filled_for_every_content() -> None:
-    render = render_with("{{ m.content }} [{{ m.tool_call_id }}]")
+    render = Template("{{ m.content | string }} [{{ m.tool_call_id }}]{% if m.name is defined %}!{% endif %}")
     cache = IncrementCache()
     for i, content in enumerate(CONTENTS):
         messages = [tool(content, f"call_{i}"), tool(content[::-1], f"call_{i}b")]
-        assert cache.text("ctx", messages, render) == render(messages)
+        assert render.text(cache, "ctx", messages) == render(messages)
     assert len(cache) == 1 and cache.usable() == 1
 
 
@@ -58,44 +68,49 @@ def test_a_template_that_only_writes_the_text_is_filled_for_every_content() -> N
         "{{ m.content | trim }}",  # a method (strip)
         "{% if m.content.startswith('ERROR') %}!{% endif %}{{ m.content }}",
         "{% if m.content %}{{ m.content }}{% else %}(empty){% endif %}",  # truth
-        "{{ m.content | length }}:{{ m.content }}",  # len
+        "{{ m.content | length }}:{{ m.content }}",  # len, in a filter
         "{{ m.content[:3] }}",  # indexing
         "{% if '<tool_response>' in m.content %}T{% endif %}{{ m.content }}",  # contains
         "{% if m.content == '' %}(empty){% endif %}{{ m.content }}",  # comparison
+        "{% if m.content is eq('') %}(empty){% endif %}{{ m.content }}",  # a test
         "{{ m.content | upper }}",
-        "{{ m.content | wordcount }} words: {{ m.content }}",  # read in C: the two spellings differ
-        "{{ m.content | tojson }}",  # escaped: the placeholder is not written out as it is
+        "{{ m.content | int }}:{{ m.content }}",  # a filter that parses the text in C
+        "{{ m.content | wordcount }} words: {{ m.content }}",
+        "{{ m.content | tojson }}",
         "{{ m.content | e }}",  # HTML escaping
         "{% set c = '' + m.content %}{% if c.endswith(' ') %}_{% endif %}{{ c }}",  # a sum is still the value
-        "{{ (m.content ~ '') | wordcount }}",
+        "{% set c = m.content + '' %}{% if c.endswith('\\n') %}_{% endif %}{{ c }}",
+        "{{ m.content ~ (m.content ~ '') | wordcount }}",  # read in C after a copy: the spellings differ
+        # written out changed: a list holding the value goes through tojson unguarded
+        "{{ (messages | tojson)[:0] }}{{ m.content | safe }}{{ [m.content] | tojson }}",
     ],
 )
 def test_a_template_that_reads_the_text_is_always_rendered(content_expr: str) -> None:
-    render = render_with(content_expr)
+    render = Template(content_expr)
     cache = IncrementCache()
-    for content in CONTENTS:
-        assert cache.text("ctx", [tool(content)], render) == render([tool(content)])
+    for content in [*CONTENTS, "42"]:
+        assert render.text(cache, "ctx", [tool(content)]) == render([tool(content)])
     assert cache.usable() == 0
 
 
 def test_a_read_no_check_sees_is_caught_by_the_first_render_or_the_sampled_ones(caplog) -> None:
     # A C-level read of a copy: no noted use, both spellings equal (neither holds "ERROR").
-    render = render_with("{% if 'ERROR' in (m.content ~ '') %}!{% endif %}{{ m.content }}")
+    render = Template("{% if 'ERROR' in (m.content ~ '') %}!{% endif %}{{ m.content }}")
     first = IncrementCache()
-    assert first.text("ctx", [tool("ERROR: x")], render) == render([tool("ERROR: x")])
+    assert render.text(first, "ctx", [tool("ERROR: x")]) == render([tool("ERROR: x")])
     assert first.usable() == 0  # the first use is compared with the real render
     cache = IncrementCache(verify_every=4)
-    outputs = [cache.text("ctx", [tool(c)], render) for c in ["ok", "fine", "good", "ERROR: y"]]
+    outputs = [render.text(cache, "ctx", [tool(c)]) for c in ["ok", "fine", "good", "ERROR: y"]]
     assert cache.usable() == 1  # "ok" kept it; the next three were filled
     with caplog.at_level(logging.ERROR, logger="rlgw.gateway.increment_cache"):
-        caught = cache.text("ctx", [tool("ERROR: z")], render)  # the 4th fill is verified
+        caught = render.text(cache, "ctx", [tool("ERROR: z")])  # the 4th fill is verified
     assert outputs[:3] == [render([tool(c)]) for c in ["ok", "fine", "good"]]
     assert caught == render([tool("ERROR: z")]) and cache.usable() == 0
     assert "differs" in caplog.text
 
 
 def test_shapes_are_told_apart_by_roles_keys_and_non_string_values() -> None:
-    render = render_with("{{ m.content }}{% if m.name is defined %} ({{ m.name }}){% endif %}")
+    render = Template("{{ m.content }}{% if m.name is defined %} ({{ m.name }}){% endif %}")
     cache = IncrementCache()
     user = {"role": "user", "content": "hi"}
     for messages in (
@@ -106,16 +121,16 @@ def test_shapes_are_told_apart_by_roles_keys_and_non_string_values() -> None:
         [{**tool("a"), "extra": 1}],
         [{**tool("a"), "extra": 2}],
     ):
-        assert cache.text("ctx", messages, render) == render(messages)
-        assert cache.text("other", messages, render) == render(messages)
+        assert render.text(cache, "ctx", messages) == render(messages)
+        assert render.text(cache, "other", messages) == render(messages)
     assert len(cache) == 12 and cache.usable() == 12
 
 
 def test_the_least_recently_used_shape_goes_first() -> None:
-    render = render_with("{{ m.content }}")
+    render = Template("{{ m.content }}")
     cache = IncrementCache(size=2)
     for ctx in ("a", "b", "a", "c"):
-        cache.text(ctx, [tool("x")], render)
+        render.text(cache, ctx, [tool("x")])
     assert len(cache) == 2
     renders = []
     cache.text("a", [tool("y")], lambda m: renders.append(1) or render(m))

@@ -4,6 +4,7 @@ end-of-turn bookkeeping (stop ids, a closing kept when the turn was cut)."""
 
 from __future__ import annotations
 
+import jinja2
 import pytest
 
 from rlgw.gateway.errors import InvalidRequest
@@ -89,6 +90,19 @@ def test_tools_written_into_the_first_user_message_reach_the_increment_that_hold
     later = r.render_continuation([USER], TOOLS, previous_ended_with_eos=True, anchor_user=USER)
     assert text(r, later) == "\n<|im_start|>user\nAnd in Rome?<|im_end|>\n<|im_start|>assistant\n"
     assert handed and all(t is None for t in handed)
+
+
+def test_increments_that_carry_the_tool_list_are_filled_after_the_first(monkeypatch) -> None:
+    each_turn = renderer(TOOLS_EACH_TURN)
+    first = each_turn.render_continuation([USER], TOOLS, previous_ended_with_eos=True)
+    renders: list[int] = []
+    render = jinja2.Template.render
+    monkeypatch.setattr(jinja2.Template, "render", lambda *a, **k: renders.append(1) or render(*a, **k))
+    again = each_turn.render_continuation(
+        [{"role": "user", "content": "And in Oslo?"}], TOOLS, previous_ended_with_eos=True
+    )
+    assert renders == []  # the skeleton, tool list included, was made with the tools
+    assert text(each_turn, again) == text(each_turn, first).replace("Rome", "Oslo")
 
 
 def test_a_template_that_wants_a_user_turn_first_renders_increments_after_the_plain_anchor() -> None:

@@ -14,6 +14,7 @@ import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from rlgw.gateway import render as render_module
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.increment_cache import IncrementCache, build_skeleton, guarded_template
 from rlgw.gateway.render import ChatRenderer, TemplateConfig
@@ -76,6 +77,8 @@ def test_a_template_that_only_writes_the_text_is_filled_for_every_content() -> N
         "{{ m.content | upper }}",
         "{{ m.content | int }}:{{ m.content }}",  # a filter that parses the text in C
         "{{ m.content | wordcount }} words: {{ m.content }}",
+        # read in C, and both spellings and the first content alike: only the guard sees it
+        "{% if m.content | wordcount > 100 %}long: {% endif %}{{ m.content }}",
         "{{ m.content | tojson }}",
         "{{ m.content | e }}",  # HTML escaping
         "{% set c = '' + m.content %}{% if c.endswith(' ') %}_{% endif %}{{ c }}",  # a sum is still the value
@@ -88,7 +91,7 @@ def test_a_template_that_only_writes_the_text_is_filled_for_every_content() -> N
 def test_a_template_that_reads_the_text_is_always_rendered(content_expr: str) -> None:
     render = Template(content_expr)
     cache = IncrementCache()
-    for content in [*CONTENTS, "42"]:
+    for content in [*CONTENTS, "42", "word " * 120]:
         assert render.text(cache, "ctx", [tool(content)]) == render([tool(content)])
     assert cache.usable() == 0
 
@@ -135,6 +138,31 @@ def test_the_least_recently_used_shape_goes_first() -> None:
     renders = []
     cache.text("a", [tool("y")], lambda m: renders.append(1) or render(m))
     assert renders == []  # "a" was used last but one: kept; "b" went
+
+
+def test_a_placeholder_written_out_in_part_leaves_no_skeleton() -> None:
+    # Both spellings cut to the same marked prefix: alike, but not the value written out.
+    def cut(messages: list[dict]) -> str:
+        return "<" + str(messages[0]["content"])[1:20] + ">"
+
+    assert build_skeleton(cut, [tool("x")]) is None
+    whole = build_skeleton(lambda messages: "<" + messages[0]["content"] + ">", [tool("x")])
+    assert whole is not None and whole.fill(["x", "ok"]) == "<ok>"
+
+
+def test_without_transformers_compiled_templates_increments_are_rendered(monkeypatch) -> None:
+    monkeypatch.setattr(render_module, "_compile_jinja_template", None)
+    r = ChatRenderer(qwen3_tokenizer(), TemplateConfig())
+    renders: list[int] = []
+    render = jinja2.Template.render
+    monkeypatch.setattr(jinja2.Template, "render", lambda *a, **k: renders.append(1) or render(*a, **k))
+    got = [r.render_continuation([tool(c)], None, previous_ended_with_eos=True) for c in ("a", "b", "c")]
+    assert len(renders) == 3  # one real render each, no placeholder renders
+    monkeypatch.undo()
+    fresh = ChatRenderer(qwen3_tokenizer(), TemplateConfig())
+    assert got == [
+        fresh.render_continuation([tool(c)], None, previous_ended_with_eos=True) for c in ("a", "b", "c")
+    ]
 
 
 def test_a_template_error_leaves_no_skeleton() -> None:

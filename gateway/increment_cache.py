@@ -22,7 +22,8 @@ skeleton is used only after every check below passed:
   marker they share must only appear as whole placeholders.
 - On first use, the filled skeleton must equal the real render of the same messages, and again
   on every `verify_every`-th fill after that (a template that reads the text in a way none of
-  the above sees, say `(content ~ '').startswith(...)`, is caught there, and logged).
+  the above sees, say `(content ~ '').startswith(...)`, is caught there, and logged). One fill
+  in a thousand: a check costs a render, and one in 64 put renders into the p99 turn.
 
 A shape that fails a check is rendered through Jinja from then on.
 """
@@ -183,7 +184,7 @@ class IncrementCache:
     """Skeletons by (context, shape), least recently used dropped past `size`; None marks a shape
     that failed a check and is always rendered."""
 
-    def __init__(self, size: int = 4096, verify_every: int = 64) -> None:
+    def __init__(self, size: int = 4096, verify_every: int = 1000) -> None:
         self._size = size
         self._verify_every = verify_every
         self._fills = 0

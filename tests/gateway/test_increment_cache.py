@@ -9,6 +9,7 @@ ChatML templates through the cache.
 from __future__ import annotations
 
 import logging
+import random
 
 import jinja2
 import pytest
@@ -18,7 +19,7 @@ from rlgw.gateway import render as render_module
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.increment_cache import IncrementCache, build_skeleton, guarded_template
 from rlgw.gateway.render import ChatRenderer, TemplateConfig
-from tests.support.real_tokenizers import qwen3_tokenizer
+from tests.support.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
 
 ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 TURN = "<|im_start|>{{ m.role }}\n{CONTENT}<|im_end|>\n"
@@ -201,3 +202,62 @@ def test_qwen3_tool_results_are_filled_and_equal_the_render(monkeypatch) -> None
         assert renders
     monkeypatch.undo()
     assert ids == renderer().render_continuation(user, None, previous_ended_with_eos=True, anchor_user=anchor)
+
+
+@pytest.mark.parametrize("tokenizer", ["qwen3", "chatml"])
+def test_random_increments_filled_or_rendered_equal_a_fresh_render(tokenizer: str) -> None:
+    """Random increments (tool results, user turns, named tools, agent-written assistant turns with
+    calls and reasoning) over a few anchors and kwargs: the cached renderer's ids equal a renderer
+    that has never seen the shape (its render is a real one)."""
+    make = qwen3_tokenizer if tokenizer == "qwen3" else chatml_tokenizer
+    rng = random.Random(7)
+    words = [
+        "ls",
+        "-la",
+        "ERROR",
+        "<tool_response>",
+        "  ",
+        "\n",
+        "日本",
+        "&amp;",
+        '"q"',
+        "{{x}}",
+        "</think>",
+        "ok",
+    ]
+
+    def text() -> str:
+        return "".join(rng.choice(words) + rng.choice(["", " ", "\n"]) for _ in range(rng.randrange(0, 12)))
+
+    def message() -> dict:
+        kind = rng.choice(["tool", "tool", "tool", "named", "user", "assistant"])
+        if kind in ("tool", "named"):
+            m = tool(text(), f"call_{rng.randrange(10**6)}")
+            return {**m, "name": "bash"} if kind == "named" else m
+        if kind == "user":
+            return {"role": "user", "content": text()}
+        call = {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "bash", "arguments": '{"command": "ls"}'},
+        }
+        return {"role": "assistant", "content": text(), "reasoning_content": text(), "tool_calls": [call]}
+
+    cached = ChatRenderer(make(), TemplateConfig())
+    anchors = [
+        None,
+        {"role": "user", "content": "fix the bug"},
+        {"role": "user", "content": "<tool_response>x</tool_response>"},
+    ]
+    for _ in range(100):
+        new = [message() for _ in range(rng.choice([1, 1, 1, 2, 3]))]
+        anchor, eos = rng.choice(anchors), rng.random() < 0.8
+        kw = rng.choice([{}, {"enable_thinking": False}])
+        args = dict(previous_ended_with_eos=eos, anchor_user=anchor, **kw)
+        try:
+            want = ChatRenderer(make(), TemplateConfig()).render_continuation(new, None, **args)
+        except InvalidRequest:
+            with pytest.raises(InvalidRequest):
+                cached.render_continuation(new, None, **args)
+            continue
+        assert cached.render_continuation(new, None, **args) == want, (new, anchor, eos, kw)

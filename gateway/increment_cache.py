@@ -17,13 +17,14 @@ skeleton is used only after every check below passed:
   render depends on (the anchor, the tools when the increment carries them, the kwargs, whether
   the previous turn ended with its stop token).
 - It is rendered again with placeholders of other lengths, words and lines: a value derived from
-  the text some other way (`(content ~ '') | wordcount`) differs between the two.
+  the text some other way differs between the two.
 - Each placeholder holds a quote, a newline, `<` and `&`: any escaping changes it, and the
   marker they share must only appear as whole placeholders.
 - On first use, the filled skeleton must equal the real render of the same messages, and again
-  on every `verify_every`-th fill after that (a template that reads the text in a way none of
-  the above sees, say `(content ~ '').startswith(...)`, is caught there, and logged). One fill
-  in a thousand: a check costs a render, and one in 64 put renders into the p99 turn.
+  on every `verify_every`-th fill after that: a template that reads the text in a way none of
+  the above sees (a copy made in C, `([content] | join).startswith(...)`) is caught there, and
+  logged. One fill in a thousand: a check costs a render, and one in 64 put renders into the
+  p99 turn.
 
 A shape that fails a check is rendered through Jinja from then on.
 """
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 import orjson
 
 from rlgw.gateway.errors import GatewayError
@@ -73,7 +75,7 @@ def _reading(name: str) -> Callable[..., Any]:
 for _name in [n for n in dir(str) if not n.startswith("_")] + [
     "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__len__", "__iter__",
     "__getitem__", "__contains__", "__mul__", "__rmul__", "__mod__", "__rmod__", "__repr__",
-    "__bool__", "__int__", "__float__", "__html__",
+    "__bool__", "__int__", "__float__", "__html__", "__format__",
 ]:  # fmt: skip
     setattr(_Slot, _name, _reading(_name))
 _Slot.__add__ = lambda self, other: _Slot(str.__add__(self, other))  # type: ignore[method-assign]
@@ -95,12 +97,28 @@ def _guarded(kind: str, name: str, function: Callable[..., Any]) -> Callable[...
     return call
 
 
-def guarded_template(environment: jinja2.Environment, source: str) -> jinja2.Template:
-    """`source` compiled in an overlay of `environment` whose filters and tests refuse placeholders.
+def _holds_slot(value: Any) -> bool:
+    return type(value) is _Slot or (isinstance(value, tuple | list) and any(type(v) is _Slot for v in value))
 
-    Filters read their argument in C where no placeholder method sees it (`int`, `wordcount`,
-    `tojson`, `length`); only those in `_PASSING` may take one.
-    """
+
+def _binop(context: Any, operator: str, left: Any, right: Any) -> Any:
+    # `"%-30s" % content` pads by the value's length, read in C.
+    if _holds_slot(left) or _holds_slot(right):
+        raise ValueRead(f"operator {operator}")
+    return jinja2.sandbox.SandboxedEnvironment.binop_table[operator](left, right)
+
+
+def _join(parts: Any) -> str:
+    # `~`: a join holding a value is still the value (`(content ~ '').startswith(...)`).
+    items = list(parts)
+    text = "".join(map(str, items))
+    return _Slot(text) if any(type(i) is _Slot for i in items) else text
+
+
+def guarded_template(environment: jinja2.Environment, source: str) -> jinja2.Template:
+    """`source` compiled in an overlay of `environment` where placeholders are refused by every
+    filter and test but those in `_PASSING` (filters read their argument in C, where no method of
+    it sees: `int`, `wordcount`, `tojson`, `length`) and by `%`, and stay placeholders through `~`."""
     overlay = environment.overlay()
     overlay.filters = {
         k: f if f"filter {k}" in _PASSING else _guarded("filter", k, f)
@@ -109,7 +127,11 @@ def guarded_template(environment: jinja2.Environment, source: str) -> jinja2.Tem
     overlay.tests = {
         k: f if f"test {k}" in _PASSING else _guarded("test", k, f) for k, f in environment.tests.items()
     }
-    return overlay.from_string(source)
+    overlay.intercepted_binops = frozenset({"%"})
+    overlay.call_binop = _binop  # type: ignore[method-assign]  # what the compiled code calls for `%`
+    template = overlay.from_string(source)
+    template.root_render_func.__globals__["str_join"] = _join  # what the compiled code calls for `~`
+    return template
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,11 @@ def test_a_template_that_only_writes_the_text_is_filled_for_every_content() -> N
         "{{ m.content | e }}",  # HTML escaping
         "{% set c = '' + m.content %}{% if c.endswith(' ') %}_{% endif %}{{ c }}",  # a sum is still the value
         "{% set c = m.content + '' %}{% if c.endswith('\\n') %}_{% endif %}{{ c }}",
-        "{{ m.content ~ (m.content ~ '') | wordcount }}",  # read in C after a copy: the spellings differ
+        "{{ m.content ~ (m.content ~ '') | wordcount }}",  # `~` keeps the value a placeholder
+        "{% if (m.content ~ '').startswith('ERROR') %}!{% endif %}{{ m.content }}",
+        '{{ "%-30s|" % m.content }}',  # padded by its length, read in C
+        '{{ "{:>30}|".format(m.content) }}',
+        "{{ ([m.content] | join) | wordcount }} {{ m.content }}",  # a copy: the spellings differ
         # written out changed: a list holding the value goes through tojson unguarded
         "{{ (messages | tojson)[:0] }}{{ m.content | safe }}{{ [m.content] | tojson }}",
     ],
@@ -98,8 +102,9 @@ def test_a_template_that_reads_the_text_is_always_rendered(content_expr: str) ->
 
 
 def test_a_read_no_check_sees_is_caught_by_the_first_render_or_the_sampled_ones(caplog) -> None:
-    # A C-level read of a copy: no noted use, both spellings equal (neither holds "ERROR").
-    render = Template("{% if 'ERROR' in (m.content ~ '') %}!{% endif %}{{ m.content }}")
+    # A read of a copy made in C (`join` gets a list, not the value): nothing stops the placeholder
+    # render, and both spellings render alike (neither holds "ERROR").
+    render = Template("{% if ([m.content] | join).startswith('ERROR') %}!{% endif %}{{ m.content }}")
     first = IncrementCache()
     assert render.text(first, "ctx", [tool("ERROR: x")]) == render([tool("ERROR: x")])
     assert first.usable() == 0  # the first use is compared with the real render

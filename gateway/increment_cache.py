@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2
-import jinja2.sandbox
 import orjson
 
 from rlgw.gateway.errors import GatewayError
@@ -105,7 +104,7 @@ def _binop(context: Any, operator: str, left: Any, right: Any) -> Any:
     # `"%-30s" % content` pads by the value's length, read in C.
     if _holds_slot(left) or _holds_slot(right):
         raise ValueRead(f"operator {operator}")
-    return jinja2.sandbox.SandboxedEnvironment.binop_table[operator](left, right)
+    return left % right  # the only operator intercepted, computed as the plain template computes it
 
 
 def _join(parts: Any) -> str:
@@ -197,6 +196,11 @@ def build_skeleton(
         try:
             text = render(_placeholders(messages, spelling))
         except (ValueRead, GatewayError):
+            return None
+        except Exception as e:  # the real render succeeded: a failing copy only costs the cache
+            logger.warning(
+                "increment placeholder render failed (%s: %s); rendering this shape", type(e).__name__, e
+            )
             return None
         found.append(_split(text, pattern))
     return found[0] if found[0] is not None and found[0] == found[1] else None

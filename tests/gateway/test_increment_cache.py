@@ -56,7 +56,10 @@ def tool(content: str, call_id: str = "call_1") -> dict:
 
 
 def test_a_template_that_only_writes_the_text_is_filled_for_every_content() -> None:
-    render = Template("{{ m.content | string }} [{{ m.tool_call_id }}]{% if m.name is defined %}!{% endif %}")
+    render = Template(
+        '{{ "[%s] " % m.role }}{{ m.content | string }} [{{ m.tool_call_id }}]'
+        "{% if m.name is defined %}!{% endif %}"
+    )
     cache = IncrementCache()
     for i, content in enumerate(CONTENTS):
         messages = [tool(content, f"call_{i}"), tool(content[::-1], f"call_{i}b")]
@@ -87,6 +90,9 @@ def test_a_template_that_only_writes_the_text_is_filled_for_every_content() -> N
         "{{ m.content ~ (m.content ~ '') | wordcount }}",  # `~` keeps the value a placeholder
         "{% if (m.content ~ '').startswith('ERROR') %}!{% endif %}{{ m.content }}",
         '{{ "%-30s|" % m.content }}',  # padded by its length, read in C
+        # cut in C: both spellings and the first content alike, so only the `%` guard sees it
+        '{% if ("%.5s" % m.content) == "ERROR" %}!{% endif %}{{ m.content }}',
+        '{% if ("%.5s" % (m.content,)) == "ERROR" %}!{% endif %}{{ m.content }}',
         '{{ "{:>30}|".format(m.content) }}',
         "{{ ([m.content] | join) | wordcount }} {{ m.content }}",  # a copy: the spellings differ
         # written out changed: a list holding the value goes through tojson unguarded
@@ -169,6 +175,15 @@ def test_without_transformers_compiled_templates_increments_are_rendered(monkeyp
     assert got == [
         fresh.render_continuation([tool(c)], None, previous_ended_with_eos=True) for c in ("a", "b", "c")
     ]
+
+
+def test_a_placeholder_render_that_fails_otherwise_leaves_no_skeleton(caplog) -> None:
+    def broken(messages: list[dict]) -> str:
+        raise RuntimeError("a bug in the copy")
+
+    with caplog.at_level(logging.WARNING, logger="rlgw.gateway.increment_cache"):
+        assert build_skeleton(broken, [tool("x")]) is None
+    assert "RuntimeError: a bug in the copy" in caplog.text
 
 
 def test_a_template_error_leaves_no_skeleton() -> None:

@@ -57,7 +57,7 @@ def tool(content: str, call_id: str = "call_1") -> dict:
 
 def test_a_template_that_only_writes_the_text_is_filled_for_every_content() -> None:
     render = Template(
-        '{{ "[%s] " % m.role }}{{ m.content | string }} [{{ m.tool_call_id }}]'
+        '{{ "[%s] " % m.role }}{{ "<" ~ m.role ~ ">" }}{{ m.content | string }} [{{ m.tool_call_id }}]'
         "{% if m.name is defined %}!{% endif %}"
     )
     cache = IncrementCache()
@@ -147,9 +147,16 @@ def test_the_least_recently_used_shape_goes_first() -> None:
     for ctx in ("a", "b", "a", "c"):
         render.text(cache, ctx, [tool("x")])
     assert len(cache) == 2
-    renders = []
-    cache.text("a", [tool("y")], lambda m: renders.append(1) or render(m))
-    assert renders == []  # "a" was used last but one: kept; "b" went
+    renders: list[str] = []
+
+    def counted(ctx: str) -> None:
+        cache.text(ctx, [tool("y")], lambda m: renders.append(ctx) or render(m), render.guarded)
+
+    counted("c")  # the newest: kept
+    counted("a")  # used since "b": kept
+    assert renders == []
+    counted("b")  # the least recently used went when "c" came
+    assert renders == ["b"]
 
 
 def test_a_placeholder_written_out_in_part_leaves_no_skeleton() -> None:

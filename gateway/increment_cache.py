@@ -32,6 +32,7 @@ A shape that fails a check is rendered through Jinja from then on.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import re
 import secrets
@@ -149,6 +150,11 @@ class Skeleton:
         return "".join(out)
 
 
+def _is_value(key: str, value: Any) -> bool:
+    """Whether a message field is a value the skeleton leaves out (roles stay: templates branch on them)."""
+    return key != "role" and type(value) is str
+
+
 def shape(messages: list[dict[str, Any]]) -> tuple[bytes, list[str]]:
     """The shape of normalized messages (roles, keys, non-string values) and their string values."""
     values: list[str] = []
@@ -156,7 +162,7 @@ def shape(messages: list[dict[str, Any]]) -> tuple[bytes, list[str]]:
     for m in messages:
         fixed: dict[str, Any] = {}
         for k, v in m.items():
-            if k != "role" and type(v) is str:
+            if _is_value(k, v):
                 fixed[k] = len(values)
                 values.append(v)
             else:
@@ -166,17 +172,12 @@ def shape(messages: list[dict[str, Any]]) -> tuple[bytes, list[str]]:
 
 
 def _placeholders(messages: list[dict[str, Any]], spelling: str) -> list[dict[str, Any]]:
-    out, n = [], 0
-    for m in messages:
-        copy = {}
-        for k, v in m.items():
-            if k != "role" and type(v) is str:
-                copy[k] = _Slot(spelling.format(m=_MARK, i=n))
-                n += 1
-            else:
-                copy[k] = v
-        out.append(copy)
-    return out
+    """`messages` with each value replaced by its placeholder, numbered in `shape`'s order."""
+    n = itertools.count()
+    return [
+        {k: _Slot(spelling.format(m=_MARK, i=next(n))) if _is_value(k, v) else v for k, v in m.items()}
+        for m in messages
+    ]
 
 
 def _split(text: str, pattern: re.Pattern[str]) -> Skeleton | None:

@@ -11,7 +11,9 @@ So a command runs as a job, the way ROCK's own agent runner uses `nohup`:
   (written last, by rename, so its presence means "done");
 - a poll script waits in-request for at most a few seconds (well under any cut), then
   prints the job's state on stderr and, once done, its output on stdout;
-- a kill script ends the whole process group (TERM, then KILL) and prints what it wrote.
+- a kill script ends the whole process group (TERM, then KILL) and prints what it wrote; an
+  output script prints it again when the kill's reply was lost (a cut: a process group whose
+  members linger as zombies, where no init reaps them, keeps the kill waiting its full grace).
 
 Every script is safe to send again when its reply was lost (a cut, a reset connection):
 the launch starts the job only if `mkdir DIR` succeeds, polls only read, and `DIR` stays
@@ -33,17 +35,19 @@ from dataclasses import dataclass
 POLL_WAIT_S = 20.0
 # Seconds between SIGTERM and SIGKILL when a job runs past its limit.
 KILL_GRACE_S = 2.0
-_STATE = re.compile(r"RLGW_JOB (DONE (-?\d+)|RUNNING|MISSING)")
+_STATE = re.compile(r"RLGW_JOB (DONE (-?\d+)|RUNNING|MISSING|OUTPUT)")
 
 
 @dataclass(frozen=True, slots=True)
 class JobState:
-    """What one poll reply said: done (with the exit code), still running, missing, or nothing."""
+    """What one reply said: done (with the exit code), still running, missing, output follows
+    (a kill or output script's reply), or nothing."""
 
     done: bool = False
     exit_code: int | None = None
     running: bool = False
     missing: bool = False
+    output: bool = False
 
 
 def read_state(stderr: str) -> JobState:
@@ -54,7 +58,7 @@ def read_state(stderr: str) -> JobState:
     whole, code = found[-1]
     if whole.startswith("DONE"):
         return JobState(done=True, exit_code=int(code))
-    return JobState(running=whole == "RUNNING", missing=whole == "MISSING")
+    return JobState(running=whole == "RUNNING", missing=whole == "MISSING", output=whole == "OUTPUT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,16 +102,19 @@ class DetachedJob:
         )
 
     def kill_script(self, grace_s: float) -> str:
-        """End the job's whole process group; print its output so far."""
+        """End the job's whole process group; print its output so far (as `output_script`)."""
         d = shlex.quote(self.dir)
         steps = max(1, round(grace_s / 0.1))
         return (
             f"p=$(cat {d}/pid 2>/dev/null); n={steps}\n"
             f'if [ -n "$p" ]; then kill -TERM -- "-$p" 2>/dev/null\n'
             f'  while kill -0 -- "-$p" 2>/dev/null && [ $n -gt 0 ]; do sleep 0.1; n=$((n - 1)); done\n'
-            f'  kill -KILL -- "-$p" 2>/dev/null; fi\n'
-            f"{self._output()}\n"
+            f'  kill -KILL -- "-$p" 2>/dev/null; fi\n' + self.output_script()
         )
+
+    def output_script(self) -> str:
+        """Print the job's output so far, marked on stderr so that a lost reply is told apart."""
+        return f"echo 'RLGW_JOB OUTPUT' >&2; {self._output()}\n"
 
     def cleanup_script(self) -> str:
         """Remove the job's directory (sent with a later request, once the result is in hand)."""

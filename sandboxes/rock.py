@@ -307,11 +307,24 @@ class RockSandbox:
                             f"(exit {exit_code}): {(stdout + stderr)[-500:]}"
                         )
                 if deadline is not None and time.monotonic() >= deadline:
-                    kill = job.kill_script(jobs.KILL_GRACE_S)
-                    _, partial, _ = await self._request(kill, wait_s=jobs.KILL_GRACE_S)
+                    partial = await self._kill(job)
                     return ExecResult(None, partial, timed_out=True, duration_s=time.monotonic() - started)
         finally:
             self._finished_jobs.append(job)
+
+    async def _kill(self, job: jobs.DetachedJob) -> str:
+        """End a job past its limit; its output so far, read again while the kill's reply is lost."""
+        script = job.kill_script(jobs.KILL_GRACE_S)
+        for _ in range(MAX_INCONCLUSIVE_POLLS + 1):
+            _, stdout, stderr = await self._request(script, wait_s=jobs.KILL_GRACE_S)
+            if jobs.read_state(stderr).output:
+                return stdout
+            script = job.output_script()  # the kill ran or runs on; only the read is missing
+        log.warning(
+            "rock job output lost after its timeout",
+            extra={"fields": {"sandbox": self._sandbox_id, "job": job.dir}},
+        )
+        return ""
 
     async def exec(
         self,

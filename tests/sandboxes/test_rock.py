@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rlgw.sandboxes import jobs
 from rlgw.sandboxes.base import Sandbox, SandboxCommandError, SandboxFileNotFound, SandboxStartError
 from rlgw.sandboxes.rock import RockConfig, RockSandbox
 from tests.fake_rock import fake_rock, real_rocklet
@@ -101,6 +102,26 @@ async def test_timeout_is_reported_and_kills_the_process_group(rock_url: str) ->
         assert time.monotonic() - t0 < 1.5 + CUT_S + 5
         await asyncio.sleep(4.5)
         assert (await sb.exec(f"test -e {marker}")).exit_code == 1, "a child of the timed-out command ran on"
+    finally:
+        await sb.stop()
+
+
+async def test_output_of_a_timed_out_command_survives_a_cut_kill(
+    rock_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A command that ignores TERM keeps the kill waiting its whole grace; a grace past the cut
+    # loses the kill's reply (as lingering zombies did in CI with the real rocklet): the output
+    # is read again, and the KILL still lands (the cut request's work goes on).
+    monkeypatch.setattr(jobs, "KILL_GRACE_S", CUT_S + 1.0)
+    sb = RockSandbox(config(rock_url))
+    await sb.start()
+    try:
+        res = await sb.exec("trap '' TERM; echo started; sleep 59.7", timeout=1.0)
+        assert res.timed_out and res.output == "started\n"
+        assert res.duration_s >= 1.0 + CUT_S
+        await asyncio.sleep(1.5)
+        alive = await sb.exec("pgrep -f 'sleep 59[.]7' || true")
+        assert alive.ok and alive.output == ""
     finally:
         await sb.stop()
 

@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -117,8 +117,9 @@ class Workload:
 
 @dataclass
 class Legs:
-    """Per measured turn: history size and each leg's seconds."""
+    """Per measured turn: its session and turn index, history size and each leg's seconds."""
 
+    turn: list[tuple[int, int]] = field(default_factory=list)
     history: list[int] = field(default_factory=list)
     direct: list[float] = field(default_factory=list)
     passthrough: list[float] = field(default_factory=list)
@@ -218,6 +219,7 @@ async def growing_loop(gw: str, peer: str, stub: str, work: Workload, args: argp
                 doc = orjson.loads(timed["rlgw"][1])
                 prompt = doc["usage"]["prompt_tokens"]
                 if turn > 0:  # the first turn renders the whole prompt; the rest are increments
+                    legs.turn.append((i, turn))
                     legs.history.append(prompt)
                     legs.direct.append(timed["direct"][0])
                     legs.passthrough.append(timed["passthrough"][0])
@@ -425,7 +427,7 @@ def main() -> None:
     ap.add_argument("--load-turns", type=int, default=8, help="turns per session in the load runs")
     ap.add_argument("--load-rounds", type=int, default=3, help="rounds of each load run (median reported)")
     ap.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy in the load runs")
-    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--json", help="also write the figures (and every measured turn) to this file")
     ap.add_argument("serve_args", nargs="*", help="extra `rlgw serve` arguments (after --)")
     args = ap.parse_args()
 
@@ -471,7 +473,8 @@ def main() -> None:
             )
             print(f"after the loop: {load_average()}")
             if args.json:
-                Path(args.json).write_text(json.dumps({str(k): v for k, v in rows.items()}, indent=1))
+                figures = {str(k): v for k, v in rows.items()}
+                Path(args.json).write_text(json.dumps({**figures, "turns": asdict(legs)}))
             if args.load:
                 run_loads(gw, gw_proc.pid, stub, work, args)
 

@@ -47,6 +47,9 @@ Isolation = Literal["auto", "none", "bubblewrap"]
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 # Grace between SIGTERM and SIGKILL for a command past its limit.
 KILL_GRACE_S = 2.0
+# Re-reads (and the pause before each) of a process whose environment read empty: mid-exec.
+EXEC_REREADS = 20
+EXEC_REREAD_S = 0.01
 # The environment variable that marks every process a sandbox started (inherited by daemons).
 MARKER = "RLGW_SANDBOX"
 
@@ -281,19 +284,34 @@ async def _kill_group(proc: asyncio.subprocess.Process) -> None:
 
 
 def marked_pids(sandbox_id: str) -> list[int]:
-    """Processes whose environment carries `RLGW_SANDBOX=<sandbox_id>` (read from /proc)."""
+    """Processes whose environment carries `RLGW_SANDBOX=<sandbox_id>` (read from /proc).
+
+    A process in the middle of an `exec` reads as an empty environment for a moment (a daemon
+    started as `setsid nohup CMD` execs twice): such a process is read again until it is
+    through, so that `stop()` does not miss it. One still empty after that cleared its
+    environment (`env -i`) and is not ours to find.
+    """
     needle = f"{MARKER}={sandbox_id}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry.name))
-        except OSError:  # gone, or not ours to read
-            continue
-    return found
+    found: list[int] = []
+    pending = [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and int(e.name) != os.getpid()]
+    for attempt in range(EXEC_REREADS + 1):
+        if attempt:
+            time.sleep(EXEC_REREAD_S)
+        in_exec = []
+        for pid in pending:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read()
+            except OSError:  # gone, a zombie or a kernel thread, or not ours to read
+                continue
+            if not env:
+                in_exec.append(pid)
+            elif needle in env.split(b"\0"):
+                found.append(pid)
+        if not in_exec:
+            break
+        pending = in_exec
+    return sorted(found)
 
 
 def kill_marked(sandbox_id: str) -> list[int]:

@@ -78,6 +78,18 @@ async def test_stop_removes_everything_and_is_idempotent(tmp_path: Path) -> None
     assert res.exit_code != 0
 
 
+async def test_a_daemon_is_found_while_it_execs(box: LocalSandbox) -> None:
+    # Each `nohup` is an exec, during which the process's environment reads empty: read right
+    # after the launch, again and again, the daemon must be found every time (a miss in CI let
+    # the read after the test's wait find nothing; at stop it would leave the daemon running).
+    res = await box.exec(
+        "setsid nohup nohup nohup nohup nohup sleep 300 >/dev/null 2>&1 < /dev/null & echo $!"
+    )
+    pid = int(res.output.strip())
+    seen = [pid in marked_pids(box.id) for _ in range(30)]
+    assert all(seen), seen
+
+
 async def test_stop_kills_daemons_that_left_the_process_group(tmp_path: Path) -> None:
     sb = LocalSandbox(base_dir=tmp_path)
     await sb.start()

@@ -9,8 +9,14 @@ this machine. `http://` only: `AiohttpTransport` serves `https://` engines.
 
 Connections are reused only after a response was read to its end; a connection the engine
 closed while idle is dropped before use; any failure or cancellation mid-exchange closes it.
-Errors are the transport's (`ConnectFailed` only when no connection was made, so a retry can
-never send a request twice).
+One race is left, the keep-alive race every HTTP/1.1 client meets: the engine's idle timeout
+(uvicorn's, and so SGLang's: 5 s) closes a pooled connection just as a request goes out on it,
+and the reply is an end of stream or a reset before its first byte. Such a request is sent once
+more, on a new connection (it failed a turn with a 502 in bench/gateway.py's load run): the
+engine closed that connection without answering, and if it had begun to generate, nothing of
+that work reached the gateway, so nothing is recorded twice. Errors are the transport's
+(`ConnectFailed` only when no connection was made, so a caller's retry never repeats a
+request the engine may be answering).
 """
 
 from __future__ import annotations
@@ -147,12 +153,16 @@ class Http1Transport:
         self._connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> tuple[_Connection, bool]:
+        """A pooled connection that looks open, or a new one; and whether it was pooled."""
         while self._idle:
             conn = self._idle.pop()
             if conn.usable():
-                return conn
+                return conn, True
             conn.close()
+        return await self._open(), False
+
+    async def _open(self) -> _Connection:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 reader, writer = await asyncio.open_connection(self._host, self._port, limit=_MAX_HEAD)
@@ -169,17 +179,33 @@ class Http1Transport:
 
     async def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> _Reply:
         """Send one request and read the reply's head; the body is the reply's to read."""
-        conn = await self._connect()
         head = f"{method} {self._prefix}{path} HTTP/1.1\r\n{self._fixed}" + "".join(
             f"{k}: {v}\r\n" for k, v in headers.items()
         )
         head += f"Content-Length: {len(body)}\r\n\r\n" if body is not None else "\r\n"
+        data = head.encode("latin-1") + body if body is not None else head.encode("latin-1")
+        conn, pooled = await self._connect()
         with _failures(
-            conn.close, "the engine did not answer in time", "the exchange with the engine failed"
+            lambda: conn.close(), "the engine did not answer in time", "the exchange with the engine failed"
         ):
-            conn.writer.write(head.encode("latin-1") + body if body is not None else head.encode("latin-1"))
+            if pooled:
+                try:
+                    return await self._exchange(conn, data)
+                except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as exc:
+                    if isinstance(exc, asyncio.IncompleteReadError) and exc.partial:
+                        raise  # the engine had begun to answer
+                conn = await self._open()  # the keep-alive race (see the module docstring)
+            return await self._exchange(conn, data)
+
+    async def _exchange(self, conn: _Connection, data: bytes) -> _Reply:
+        """Write the request and read the reply's head; any failure closes the connection."""
+        try:
+            conn.writer.write(data)
             async with asyncio.timeout(self.read_timeout):
                 return self._head(conn, await conn.reader.readuntil(b"\r\n\r\n"))
+        except BaseException:
+            conn.close()
+            raise
 
     def _head(self, conn: _Connection, raw: bytes) -> _Reply:
         lines = raw[:-4].split(b"\r\n")

@@ -178,6 +178,73 @@ async def test_a_connection_the_engine_closed_while_idle_is_not_used() -> None:
     server.close()
 
 
+async def test_a_pooled_connection_closed_as_the_request_goes_out_is_retried_on_a_new_one() -> None:
+    # The keep-alive race: the engine's idle timeout closes the connection the pool hands out
+    # (here: on its second request, unanswered). Sent again on a new connection, not a 502.
+    seen: list[tuple[int, int]] = []  # (connection, request on it) of every request received
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        index = len({c for c, _ in seen})
+        for n in range(2):
+            await reader.readuntil(b"\r\n\r\n")
+            seen.append((index, n))
+            if n == 1:
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    server, url = await _raw_server(handle)
+    transport = Http1Transport(url)
+    for _ in range(2):
+        reply = await transport.request("GET", "/", None, {})
+        assert await reply.read() == b"ok"
+    assert seen == [(0, 0), (0, 1), (1, 0)]
+    await transport.aclose()
+    server.close()
+
+
+async def test_a_new_connection_closed_before_an_answer_is_not_retried() -> None:
+    requests = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        await reader.readuntil(b"\r\n\r\n")
+        requests += 1
+        writer.close()
+
+    server, url = await _raw_server(handle)
+    transport = Http1Transport(url)
+    with pytest.raises(TransportError) as err:
+        await transport.request("POST", "/generate", b"{}", {})
+    assert not isinstance(err.value, ConnectFailed) and requests == 1
+    await transport.aclose()
+    server.close()
+
+
+async def test_a_pooled_connection_cut_mid_head_is_not_retried() -> None:
+    requests = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        for n in range(2):
+            await reader.readuntil(b"\r\n\r\n")
+            requests += 1
+            # The second answer breaks off inside its head: the engine had begun to answer.
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" if n == 0 else b"HTTP/1.1 200")
+            await writer.drain()
+        writer.close()
+
+    server, url = await _raw_server(handle)
+    transport = Http1Transport(url)
+    assert await (await transport.request("GET", "/", None, {})).read() == b"ok"
+    with pytest.raises(TransportError):
+        await transport.request("GET", "/", None, {})
+    assert requests == 2
+    await transport.aclose()
+    server.close()
+
+
 async def test_a_body_cut_short_is_a_transport_error() -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")

@@ -5,6 +5,7 @@ while idle, a body cut short)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import orjson
@@ -149,10 +150,16 @@ def test_only_plain_http_urls() -> None:
 # ------------------------------------------------------------------- faults from a raw server
 
 
-async def _raw_server(handler: object) -> tuple[asyncio.AbstractServer, str]:
+@contextlib.asynccontextmanager
+async def _raw_engine(handler: object) -> AsyncIterator[Http1Transport]:
+    """A transport to a raw socket server running `handler` per connection; both closed after."""
     server = await asyncio.start_server(handler, "127.0.0.1", 0)  # type: ignore[arg-type]
-    port = server.sockets[0].getsockname()[1]
-    return server, f"http://127.0.0.1:{port}"
+    transport = Http1Transport(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    try:
+        yield transport
+    finally:
+        await transport.aclose()
+        server.close()
 
 
 async def test_a_connection_the_engine_closed_while_idle_is_not_used() -> None:
@@ -167,15 +174,12 @@ async def test_a_connection_the_engine_closed_while_idle_is_not_used() -> None:
         await asyncio.sleep(0.05)  # then close it, as a server's keep-alive timeout does
         writer.close()
 
-    server, url = await _raw_server(handle)
-    transport = Http1Transport(url)
-    for _ in range(2):
-        reply = await transport.request("GET", "/", None, {})
-        assert await reply.read() == b"ok"
-        await asyncio.sleep(0.2)
-    assert connections == 2
-    await transport.aclose()
-    server.close()
+    async with _raw_engine(handle) as transport:
+        for _ in range(2):
+            reply = await transport.request("GET", "/", None, {})
+            assert await reply.read() == b"ok"
+            await asyncio.sleep(0.2)
+        assert connections == 2
 
 
 async def test_a_pooled_connection_closed_as_the_request_goes_out_is_retried_on_a_new_one() -> None:
@@ -194,14 +198,11 @@ async def test_a_pooled_connection_closed_as_the_request_goes_out_is_retried_on_
             await writer.drain()
         writer.close()
 
-    server, url = await _raw_server(handle)
-    transport = Http1Transport(url)
-    for _ in range(2):
-        reply = await transport.request("GET", "/", None, {})
-        assert await reply.read() == b"ok"
-    assert seen == [(0, 0), (0, 1), (1, 0)]
-    await transport.aclose()
-    server.close()
+    async with _raw_engine(handle) as transport:
+        for _ in range(2):
+            reply = await transport.request("GET", "/", None, {})
+            assert await reply.read() == b"ok"
+        assert seen == [(0, 0), (0, 1), (1, 0)]
 
 
 async def test_a_new_connection_closed_before_an_answer_is_not_retried() -> None:
@@ -213,13 +214,10 @@ async def test_a_new_connection_closed_before_an_answer_is_not_retried() -> None
         requests += 1
         writer.close()
 
-    server, url = await _raw_server(handle)
-    transport = Http1Transport(url)
-    with pytest.raises(TransportError) as err:
-        await transport.request("POST", "/generate", b"{}", {})
-    assert not isinstance(err.value, ConnectFailed) and requests == 1
-    await transport.aclose()
-    server.close()
+    async with _raw_engine(handle) as transport:
+        with pytest.raises(TransportError) as err:
+            await transport.request("POST", "/generate", b"{}", {})
+        assert not isinstance(err.value, ConnectFailed) and requests == 1
 
 
 async def test_a_pooled_connection_cut_mid_head_is_not_retried() -> None:
@@ -235,14 +233,11 @@ async def test_a_pooled_connection_cut_mid_head_is_not_retried() -> None:
             await writer.drain()
         writer.close()
 
-    server, url = await _raw_server(handle)
-    transport = Http1Transport(url)
-    assert await (await transport.request("GET", "/", None, {})).read() == b"ok"
-    with pytest.raises(TransportError):
-        await transport.request("GET", "/", None, {})
-    assert requests == 2
-    await transport.aclose()
-    server.close()
+    async with _raw_engine(handle) as transport:
+        assert await (await transport.request("GET", "/", None, {})).read() == b"ok"
+        with pytest.raises(TransportError):
+            await transport.request("GET", "/", None, {})
+        assert requests == 2
 
 
 async def test_a_body_cut_short_is_a_transport_error() -> None:
@@ -252,14 +247,11 @@ async def test_a_body_cut_short_is_a_transport_error() -> None:
         await writer.drain()
         writer.close()
 
-    server, url = await _raw_server(handle)
-    transport = Http1Transport(url)
-    reply = await transport.request("GET", "/", None, {})
-    with pytest.raises(TransportError) as err:
-        await reply.read()
-    assert not isinstance(err.value, ConnectFailed)  # it may have reached the engine: no retry
-    await transport.aclose()
-    server.close()
+    async with _raw_engine(handle) as transport:
+        reply = await transport.request("GET", "/", None, {})
+        with pytest.raises(TransportError) as err:
+            await reply.read()
+        assert not isinstance(err.value, ConnectFailed)  # it may have reached the engine: no retry
 
 
 async def test_a_body_without_a_length_ends_with_the_connection() -> None:
@@ -269,9 +261,6 @@ async def test_a_body_without_a_length_ends_with_the_connection() -> None:
         await writer.drain()
         writer.close()
 
-    server, url = await _raw_server(handle)
-    transport = Http1Transport(url)
-    reply = await transport.request("GET", "/", None, {})
-    assert reply.status == 200 and await reply.read() == b"all of it"
-    await transport.aclose()
-    server.close()
+    async with _raw_engine(handle) as transport:
+        reply = await transport.request("GET", "/", None, {})
+        assert reply.status == 200 and await reply.read() == b"all of it"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,6 +33,7 @@ from rlgw.gateway.errors import (
     UpstreamUnreached,
 )
 from rlgw.gateway.http1_transport import Http1Transport
+from rlgw.gateway.ids import fresh_hex
 from rlgw.gateway.transport import (
     AiohttpTransport,
     ConnectFailed,
@@ -102,7 +102,7 @@ class ModelBackend(Protocol):
 
 def new_rid() -> str:
     """A fresh engine request id."""
-    return uuid.uuid4().hex
+    return fresh_hex()
 
 
 def _parse_result(doc: dict[str, Any], rid: str, top_logprobs_num: int) -> GenerationResult:

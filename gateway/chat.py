@@ -13,7 +13,6 @@ and the same output parser see the same ids, so they return and record the same 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ import numpy as np
 from rlgw.gateway.backend import GenerationResult, ModelBackend
 from rlgw.gateway.detokenize import IncrementalDetokenizer, StopTrimmer
 from rlgw.gateway.errors import InvalidRequest
+from rlgw.gateway.ids import fresh_hex
 from rlgw.gateway.ledger import Synced, Violation, canonical_arguments, history_print, tools_digest
 from rlgw.gateway.output_parser import OutputParser, ParsedOutput, ParseError, ParserEvent, ToolCall
 from rlgw.gateway.profile import ModelProfile
@@ -109,7 +109,7 @@ class ChatDelta:
 
 def tool_call_id() -> str:
     """A fresh OpenAI-style tool-call id (the ledger matches echoes by it)."""
-    return "call_" + uuid.uuid4().hex[:24]
+    return "call_" + fresh_hex(8)
 
 
 def plan_turn(profile: ModelProfile, session: Session, turn: Turn, params: ChatParams) -> Plan:
@@ -294,7 +294,7 @@ async def run_chat(
         parsed = decoder.parser.result()
         _check_calls(params, parsed)
         call_ids = [tool_call_id() for _ in parsed.tool_calls]
-        response_id = "chatcmpl-" + uuid.uuid4().hex
+        response_id = "chatcmpl-" + fresh_hex()
         await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
     lps = (
         token_logprobs(profile, result.output_ids, result.logprobs, result.top_logprobs)
@@ -317,7 +317,7 @@ async def stream_chat(
     """
     async with turn_scope(session, arrived=params.arrived) as turn:
         plan, sampling, overridden = _prepare(profile, session, turn, params)
-        response_id = "chatcmpl-" + uuid.uuid4().hex
+        response_id = "chatcmpl-" + fresh_hex()
         decoder = TurnDecoder(profile, params, plan)
         call_ids: list[str] = []
         pending: list[TokenLogprob] = []

@@ -12,7 +12,6 @@ agent's text does not show it: the model was fed what it sampled.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,6 +31,7 @@ from rlgw.gateway.httpio import (
     session_routes,
     sse_stream,
 )
+from rlgw.gateway.ids import fresh_hex
 from rlgw.gateway.ledger import Violation
 from rlgw.gateway.profile import ModelProfile
 from rlgw.gateway.sessions import Session
@@ -161,7 +161,7 @@ async def completion_turn(request: Request, session: Session) -> Response:
     arrived = time.monotonic()
     top_n = req.logprobs or 0
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    response_id = "cmpl-" + uuid.uuid4().hex
+    response_id = "cmpl-" + fresh_hex()
     created = int(time.time())
 
     def doc(choice: dict[str, Any], **extra: Any) -> dict[str, Any]:

@@ -33,6 +33,7 @@ This module knows the ledger's records, not HTTP or the engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -41,6 +42,7 @@ import struct
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,6 +61,10 @@ CHECKPOINT_PAGES = 256  # "normal": a checkpoint (no fsync) every 1 MiB of WAL
 _FRAME = struct.Struct("<II")  # payload length, CRC-32 of the payload
 # Session ids that can name a file (the gateway mints `s-<hex>`); any other id has no turns.
 _FILE_SAFE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+# Turn files held open for appending, the most recently written first; beyond this many the least
+# recent is closed (a gateway's file limit also covers its agents' and the engine's sockets).
+OPEN_FILES = 256
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 
 
 @dataclass(slots=True)
@@ -113,6 +119,13 @@ class SessionJournal:
         # Where each session's file ends after its last whole frame, as this process knows it:
         # anything past it (a frame a kill cut short) is cut off before the next append.
         self._ends: dict[str, int] = {}
+        # Sessions whose file may run past `_ends` (a cut frame found by `load`, a failed append):
+        # their next append looks at the file's size first. Other appends trust `_ends`.
+        self._unsure: set[str] = set()
+        # Open descriptors of recently appended files: an open, stat and close per turn cost
+        # about 50 us of a turn under load here (cold caches), three syscalls for one write.
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._turns_dir = str(self.turns_dir)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgw-journal")
         self.write_seconds = 0.0  # total time spent writing turns (for the metrics)
         self.writes = 0
@@ -125,8 +138,8 @@ class SessionJournal:
         data_dir.mkdir(parents=True, exist_ok=True)
         return cls(data_dir / FILENAME, sync=sync)
 
-    def _turns_path(self, session_id: str) -> Path | None:
-        return self.turns_dir / f"{session_id}.log" if _FILE_SAFE.fullmatch(session_id) else None
+    def _turns_path(self, session_id: str) -> str | None:
+        return f"{self._turns_dir}/{session_id}.log" if _FILE_SAFE.fullmatch(session_id) else None
 
     def _migrate_turn_rows(self) -> None:
         """Move a journal of the first design (a `turns` table) into turn files, then drop the table.
@@ -146,8 +159,8 @@ class SessionJournal:
                 continue
             rows = self._conn.execute("SELECT doc FROM turns WHERE session = ? ORDER BY seq", (sid,))
             data = b"".join(_FRAME.pack(len(d), zlib.crc32(d)) + bytes(d) for (d,) in rows)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data)
+            tmp = path.removesuffix(".log") + ".tmp"
+            Path(tmp).write_bytes(data)
             if self._full:
                 with open(tmp, "rb") as f:
                     os.fsync(f.fileno())
@@ -164,13 +177,16 @@ class SessionJournal:
             raise ValueError(f"session id {session_id!r} cannot name a journal file")
         frame = _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
         started = time.perf_counter()
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with self._lock:
+            fd = self._fds.pop(session_id, None)
+            end = self._ends.get(session_id)
+            unsure = session_id in self._unsure
+        if fd is None:
+            fd = os.open(path, _APPEND, 0o600)
         try:
-            with self._lock:
-                end = self._ends.get(session_id)
-            if end is None:
+            if end is None:  # a session this process neither opened nor loaded
                 end = os.fstat(fd).st_size
-            elif os.fstat(fd).st_size != end:
+            elif unsure and os.fstat(fd).st_size != end:
                 os.ftruncate(fd, end)  # a frame cut short by a kill: the next one follows the last whole one
             try:
                 written = os.write(fd, frame)
@@ -181,12 +197,20 @@ class SessionJournal:
             except BaseException:
                 os.ftruncate(fd, end)
                 raise
-        finally:
+        except BaseException:
             os.close(fd)
+            with self._lock:
+                self._unsure.add(session_id)  # the cut-back may itself have failed
+            raise
         if self._full and end == 0:
             self._sync_dir()  # the new file's name survives a power loss too
         with self._lock:
             self._ends[session_id] = end + len(frame)
+            self._unsure.discard(session_id)
+            self._fds[session_id] = fd
+            evicted = self._fds.popitem(last=False)[1] if len(self._fds) > OPEN_FILES else None
+        if evicted is not None:
+            os.close(evicted)
         elapsed = time.perf_counter() - started
         self.write_seconds += elapsed
         self.writes += 1
@@ -202,9 +226,14 @@ class SessionJournal:
     def _remove_turns(self, session_id: str) -> None:
         with self._lock:
             self._ends.pop(session_id, None)
+            self._unsure.discard(session_id)
+            fd = self._fds.pop(session_id, None)
+        if fd is not None:
+            os.close(fd)  # before the unlink: a later append must not write into a removed file
         path = self._turns_path(session_id)
         if path is not None:
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def _run(self, sql: str, args: tuple[Any, ...]) -> None:
         with self._lock:
@@ -253,7 +282,7 @@ class SessionJournal:
             return None
         path = self._turns_path(session_id)
         try:
-            data = path.read_bytes() if path is not None else b""
+            data = Path(path).read_bytes() if path is not None else b""
         except FileNotFoundError:
             data = b""
         frames, end = read_frames(data)
@@ -264,6 +293,8 @@ class SessionJournal:
             )
         with self._lock:
             self._ends[session_id] = end
+            if end != len(data):
+                self._unsure.add(session_id)
         return JournaledSession(orjson.loads(row[0]), bytes(row[1]), [orjson.loads(f) for f in frames])
 
     def session_for_key(self, key_digest: bytes) -> str | None:
@@ -295,3 +326,6 @@ class SessionJournal:
         with self._lock:
             self._closed = True
             self._conn.close()
+            fds, self._fds = list(self._fds.values()), OrderedDict()
+        for fd in fds:
+            os.close(fd)

@@ -18,6 +18,7 @@ import orjson
 import pytest
 from transformers import AutoTokenizer
 
+from rlgw.gateway import journal as journal_module
 from rlgw.gateway.journal import SessionJournal
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stored, tool_result
@@ -310,3 +311,37 @@ def test_a_journal_of_the_first_design_is_moved_into_files(tmp_path: Path) -> No
     assert firsts == {"s-a": [0, 2, 4], "s-b": [1, 3, 5]}
     assert journal._conn.execute("SELECT name FROM sqlite_master WHERE name = 'turns'").fetchone() is None
     journal.close()
+
+
+def _open_turn_files(journal: SessionJournal) -> set[str]:
+    """The turn files this process holds open."""
+    names = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(journal.turns_dir)):
+                names.add(Path(target).name)
+    return names
+
+
+async def test_open_turn_files_are_bounded_and_closed_before_their_file_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_module, "OPEN_FILES", 3)
+    journal = SessionJournal.open(tmp_path)
+    ids = [f"s-{i}" for i in range(5)]
+    for sid in ids:
+        await journal.opened(sid, {"id": sid}, sid.encode())
+    for i in range(15):  # round robin: every append past the third evicts the least recent file
+        await journal.turn(ids[i % 5], _record(i))
+    assert _open_turn_files(journal) == {"s-2.log", "s-3.log", "s-4.log"}
+    await journal.closed("s-4")  # held open: closed, then removed
+    assert _open_turn_files(journal) == {"s-2.log", "s-3.log"}
+    assert not (journal.turns_dir / "s-4.log").exists()
+    again = SessionJournal.open(tmp_path)
+    for k, sid in enumerate(ids[:4]):
+        assert [t["commit"]["prompt_ids"][0] for t in again.load(sid).turns] == [k, k + 5, k + 10]
+    assert again.load("s-4") is None
+    journal.close()
+    again.close()
+    assert _open_turn_files(journal) == set()

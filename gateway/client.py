@@ -16,6 +16,8 @@ Errors::
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,10 @@ import httpx
 import orjson
 
 from rlgw.gateway.sample import Sample
+
+# The shortest time between two polls of the trajectory stream that found nothing: a `wait` of 0
+# (or a server that answers at once) would otherwise poll in a tight loop.
+POLL_FLOOR = 1.0
 
 
 class GatewayClientError(Exception):
@@ -260,11 +266,13 @@ class GatewayClient:
         """Follow the trajectory stream from `after`, forever, with long polls of `wait` seconds.
 
         Yields each sample once, in cursor order. On an error it raises; resume with
-        `after=<last cursor seen>` to lose nothing.
+        `after=<last cursor seen>` to lose nothing. A poll that found nothing is followed by the
+        next one `POLL_FLOOR` seconds after it began at the earliest, whatever `wait` is.
         """
         timeout = httpx.Timeout(self._timeout, read=self._timeout + wait)
         while True:
             params = {"after": after, "limit": batch, "wait": wait}
+            started, found = time.monotonic(), False
             try:
                 async with self._http.stream(
                     "GET", "/v1/trajectories", params=params, timeout=timeout
@@ -274,7 +282,9 @@ class GatewayClient:
                     async for line in resp.aiter_lines():
                         if line:
                             item = _parse_trajectory(line)
-                            after = item.cursor
+                            after, found = item.cursor, True
                             yield item
             except httpx.TransportError as exc:
                 raise GatewayConnectionError(f"GET /v1/trajectories?after={after}: {exc}") from exc
+            if not found:
+                await asyncio.sleep(max(0.0, POLL_FLOOR - (time.monotonic() - started)))

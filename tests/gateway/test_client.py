@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
 import httpx
@@ -174,3 +175,26 @@ async def test_unreachable_gateway_is_a_connection_error() -> None:
             await gw.get_session("x")
         with pytest.raises(GatewayConnectionError):
             await anext(gw.trajectories())
+
+
+async def test_polls_that_find_nothing_are_spaced_even_with_no_wait(tmp_path: Path) -> None:
+    store = TrajectoryStore.open(tmp_path)
+    app = trajectory_app(store, {"key-a": "a"})
+    polls = []
+
+    async def counting(scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/trajectories":
+            polls.append(asyncio.get_running_loop().time())
+        await app(scope, receive, send)
+
+    async with serve(counting) as url, GatewayClient(url, "key-a") as gw:
+        stream = gw.trajectories(wait=0)
+        follower = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(1.5)
+        assert 1 <= len(polls) <= 2  # wait=0 answers at once: without a floor, hundreds of polls
+        [cursor] = await store.add_samples("a", "s", "task", [make_sample(np.random.default_rng(2))])
+        item = await asyncio.wait_for(follower, 5)  # the next poll still finds it
+        assert item.cursor == cursor
+        assert all(b - a >= 0.9 for a, b in itertools.pairwise(polls))
+        await stream.aclose()
+    await store.close()

@@ -34,6 +34,7 @@ from rlgw.gateway.errors import (
 )
 from rlgw.gateway.http1_transport import Http1Transport
 from rlgw.gateway.ids import fresh_hex
+from rlgw.gateway.ids_json import IdsJsonCache
 from rlgw.gateway.transport import (
     AiohttpTransport,
     ConnectFailed,
@@ -171,27 +172,40 @@ class SGLangBackend:
             self.base_url, request_timeout=request_timeout, connect_timeout=connect_timeout, headers=headers
         )
         self._retries = retries
+        self._ids_json = IdsJsonCache()
 
     async def aclose(self) -> None:
         """Close the transport's connections."""
         await self._transport.aclose()
 
     def _payload(
-        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], rid: str, stream: bool
+        self,
+        input_ids: Sequence[int] | np.ndarray,
+        sampling: dict[str, Any],
+        rid: str,
+        stream: bool,
+        key: str,
     ) -> tuple[bytes, int]:
-        """The `/generate` body, and the top-logprobs count (a request field, not a sampling one)."""
+        """The `/generate` body, and the top-logprobs count (a request field, not a sampling one).
+
+        The ids of a session's turn reuse the JSON text of its last turn's ids (`ids_json.py`).
+        """
         sampling = dict(sampling)
         top_n = int(sampling.pop("top_logprobs_num", 0) or 0)
-        body: dict[str, Any] = {
-            "input_ids": input_ids,
+        rest: dict[str, Any] = {
             "sampling_params": sampling,
             "rid": rid,
             "return_logprob": True,
             "stream": stream,
         }
         if top_n:
-            body["top_logprobs_num"] = top_n
-        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), top_n
+            rest["top_logprobs_num"] = top_n
+        if isinstance(input_ids, np.ndarray) and input_ids.dtype == np.int32 and input_ids.ndim == 1:
+            ids = self._ids_json.encode(key, np.ascontiguousarray(input_ids))
+        else:
+            ids = orjson.dumps(input_ids, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+        # orjson would write {"input_ids": [...], <rest>} in this order: the same bytes.
+        return b"".join((b'{"input_ids":[', ids, b"],", orjson.dumps(rest)[1:])), top_n
 
     async def _post(self, path: str, payload: bytes, routing_key: str) -> Reply:
         """POST with retries while the request cannot have reached the engine; a 200 reply."""
@@ -227,7 +241,7 @@ class SGLangBackend:
         self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
     ) -> GenerationResult:
         """Generate from `input_ids` and return the sampled ids and their logprobs."""
-        payload, top_n = self._payload(input_ids, sampling, rid, stream=False)
+        payload, top_n = self._payload(input_ids, sampling, rid, False, routing_key)
         try:
             reply = await self._post("/generate", payload, routing_key)
             with _upstream_errors(self.base_url):
@@ -250,7 +264,7 @@ class SGLangBackend:
         Reads SGLang's cumulative chunks (0.5.2x) and delta `output_ids` (0.5.5) alike: the ids
         come from the cumulative `output_token_logprobs`, which both versions send.
         """
-        payload, top_n = self._payload(input_ids, sampling, rid, stream=True)
+        payload, top_n = self._payload(input_ids, sampling, rid, True, routing_key)
         seen = 0
         done = False
         try:

@@ -27,12 +27,17 @@ def cache_root() -> Path:
 
 
 def find_python(version: str) -> str | None:
-    """An interpreter for `version` (e.g. "3.12"): on PATH, else from pyenv's versions."""
-    if found := shutil.which(f"python{version}"):
-        return found
+    """An interpreter for `version` (e.g. "3.12") that runs: on PATH, else from pyenv's versions.
+
+    A pyenv shim on PATH exits 127 when its version is not the selected one, so each
+    candidate is tried before it is taken.
+    """
     root = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
-    candidates = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"))
-    return candidates[-1] if candidates else None
+    installed = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"), reverse=True)
+    for candidate in (shutil.which(f"python{version}"), *installed):
+        if candidate and subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
+            return candidate
+    return None
 
 
 def agent_venv(name: str, version: str, requirements: list[str], *, python: str = "3.12",

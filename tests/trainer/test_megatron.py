@@ -61,15 +61,16 @@ def compare(device: str) -> None:
     from rlgw.trainer.megatron_trainer import MegatronTrainer
 
     cfg = LossConfig(clip_low=0.2, clip_high=0.28, dual_clip=3.0, entropy_coef=0.01)
-    mt = MegatronTrainer(MODEL, cfg, OptimConfig(lr=1e-3), device=device)
-    tt = TorchTrainer(MODEL, cfg, OptimConfig(lr=1e-3), device=device)
+    lr = 1e-3
+    mt = MegatronTrainer(MODEL, cfg, OptimConfig(lr=lr), device=device)
+    tt = TorchTrainer(MODEL, cfg, OptimConfig(lr=lr), device=device)
     step = batch()
     m_metrics = mt.loss_and_backward(step)
     t_metrics = tt.loss_and_backward(step)
     assert m_metrics["loss"] == pytest.approx(t_metrics["loss"], rel=1e-5)
     assert m_metrics["entropy"] == pytest.approx(t_metrics["entropy"], rel=1e-5)
     m_grads = mt.hf_gradients()
-    t_grads = {n: p.grad for n, p in tt.model.named_parameters() if p.grad is not None}
+    t_grads = {n: p.grad.clone() for n, p in tt.model.named_parameters() if p.grad is not None}
     assert set(m_grads) == set(t_grads)
     for name, g in t_grads.items():
         torch.testing.assert_close(m_grads[name].cpu(), g.cpu(), rtol=1e-4, atol=1e-6, msg=name)
@@ -83,8 +84,16 @@ def compare(device: str) -> None:
     m_step, t_step = mt.train_step(step), tt.train_step(step)
     assert m_step["grad_norm"] == pytest.approx(t_step["grad_norm"], rel=1e-4)
     after_m, after_t = dict(mt.export_weights()), dict(tt.export_weights())
+    # Adam's first step is lr * g / (|g| + eps): where a gradient is within a few eps (1e-8) of
+    # zero, the two backends' rounding of it (about 1e-9 here) moves that element's step by up
+    # to lr. Those elements are held to the step's bound, every other one to the tolerance.
     for name in stored:
-        torch.testing.assert_close(after_m[name], after_t[name], rtol=1e-4, atol=1e-6, msg=name)
+        grad = t_grads.get(name)
+        steady = torch.ones_like(after_t[name], dtype=torch.bool) if grad is None else grad.abs() > 1e-6
+        torch.testing.assert_close(
+            after_m[name][steady], after_t[name][steady], rtol=1e-4, atol=1e-6, msg=name
+        )
+        assert float((after_m[name].float() - after_t[name].float()).abs().max()) <= 2 * lr, name
 
 
 def test_megatron_matches_pytorch_on_cpu(parallel) -> None:

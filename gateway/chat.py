@@ -267,7 +267,7 @@ async def _commit(
         content=parsed.content,
         parse_errors=[{"kind": e.kind, "detail": e.detail, "raw": e.raw} for e in parsed.errors],
         overridden=overridden,
-        end_of_turn_id=profile.renderer.stop_token_ids[0],
+        end_of_turn_id=profile.renderer.end_of_turn_id,
     )
 
 

@@ -14,14 +14,19 @@ This module knows nothing about parsing or HTTP.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 _REPLACEMENT = "\ufffd"
 
 
+@functools.lru_cache(maxsize=16)
 def _decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[Sequence[int]], str]:
-    """The cheapest call that decodes exactly as ``tokenizer.decode(ids, skip_special_tokens=...)``."""
+    """The cheapest call that decodes exactly as ``tokenizer.decode(ids, skip_special_tokens=...)``.
+
+    Made once per tokenizer: a transformers tokenizer's attributes cost a `__getattr__` each,
+    and a detokenizer is made every turn."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         # A fast tokenizer without clean-up decodes with its Rust backend alone; skipping the

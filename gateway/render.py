@@ -206,6 +206,11 @@ class ChatRenderer:
         return ids
 
     @property
+    def end_of_turn_id(self) -> int:
+        """The template's end-of-turn token id (the first of `stop_token_ids`)."""
+        return self._eot_id
+
+    @property
     def end_of_turn_text(self) -> str:
         """The text of the template's end-of-turn token (e.g. `<|im_end|>`)."""
         return self._eot_text

@@ -122,7 +122,7 @@ class ChatRenderer:
     ) -> None:
         self._tok = tokenizer
         # Rendered text -> ids: HF `tokenizers` unless the caller picked an encoder that gives the
-        # same ids faster (gateway/fast_tokenizer.py: bpe-qwen for Qwen's BPE).
+        # same ids faster (gateway/fast_tokenizer.py: fastokens for byte-level BPE).
         self._encoder = encoder or HFEncoder(tokenizer)
         self._encode = self._encoder.encode
         self._config = config
@@ -193,7 +193,7 @@ class ChatRenderer:
 
     @property
     def encoder_name(self) -> str:
-        """Which encoder turns rendered text into ids ("bpe-qwen", "tokenizers", ...)."""
+        """Which encoder turns rendered text into ids ("fastokens", "tokenizers", ...)."""
         return self._encoder.name
 
     @property

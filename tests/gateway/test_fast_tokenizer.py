@@ -1,10 +1,12 @@
-"""bpe-qwen gives HF `tokenizers`' ids on a large corpus, and is chosen only where it is safe.
+"""fastokens gives HF `tokenizers`' ids on a large corpus, and is chosen only where it is proven.
 
 The corpus: Python stdlib sources (plain, CRLF and NFD variants), this repository's code and
 docs, seeded random text over many scripts (CJK, Hangul, Arabic, Devanagari, emoji with ZWJ
 and skin tones, combining marks, odd whitespace, control characters), long runs, and every added
 token of the tokenizer placed inside, between and against text (`<|im_start|>`, `<tool_call>`,
-`<think>`, near misses such as `<|im_start|`).
+`<think>`, near misses such as `<|im_start|`). Qwen3's tokenizer (NFC, Qwen's split regex)
+and SmolLM2's (GPT-2's byte-level split, a vocabulary without tokens for some bytes) are the two
+byte-level BPE shapes compared; a hypothesis property adds texts built from the same pieces.
 """
 
 from __future__ import annotations
@@ -13,18 +15,25 @@ import json
 import os
 import random
 import unicodedata
+from functools import cache
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from rlgw.gateway import fast_tokenizer
-from rlgw.gateway.fast_tokenizer import BpeQwenEncoder, HFEncoder, qwen_bpe_mismatch, select_encoder
+from rlgw.gateway.fast_tokenizer import (
+    FastokensEncoder,
+    HFEncoder,
+    TextEncoder,
+    byte_level_bpe_mismatch,
+    select_encoder,
+)
 from tests.support.procs import REPO
-from tests.support.real_tokenizers import qwen3_tokenizer
-
-pytest.importorskip("bpe_qwen")
+from tests.support.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
 
 STDLIB = Path(os.__file__).parent
 # Unicode ranges agents' text comes from, and the ones tokenizers trip over.
@@ -94,7 +103,7 @@ def corpus(added: list[str], size: str) -> list[str]:
         "的" * 3000,
         "9" * 5000,
         "".join(added) * 20,
-        # Inputs bpe-qwen 0.1.5 alone splits differently (found by this corpus): HF must encode them.
+        # Inputs bpe-qwen 0.1.5 (the encoder before fastokens) split differently from HF.
         "\xa0\xa01",
         "\t\tx = 1",
         "a\u3000\u3000b",
@@ -113,7 +122,7 @@ def corpus(added: list[str], size: str) -> list[str]:
     return texts
 
 
-def _assert_same_ids(encoder: BpeQwenEncoder, tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> None:
+def _assert_same_ids(encoder: FastokensEncoder, tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> None:
     reference = HFEncoder(tokenizer)
     differing = []
     n_ids = 0
@@ -126,24 +135,73 @@ def _assert_same_ids(encoder: BpeQwenEncoder, tokenizer: PreTrainedTokenizerFast
     assert n_ids > len(texts)
 
 
+def _added(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    return [t.content for t in tokenizer.added_tokens_decoder.values()]
+
+
 @pytest.mark.slow
 def test_real_qwen3_gives_hf_ids_on_a_large_corpus() -> None:
     tokenizer = qwen3_tokenizer()
     encoder = select_encoder(tokenizer)
-    assert isinstance(encoder, BpeQwenEncoder)
-    added = [t.content for t in tokenizer.added_tokens_decoder.values()]
+    assert isinstance(encoder, FastokensEncoder)
+    added = _added(tokenizer)
     assert {"<|im_start|>", "<tool_call>", "<think>", "</tool_response>"} <= set(added)
     texts = corpus(added, "large")
     assert sum(map(len, texts)) > 5_000_000
     _assert_same_ids(encoder, tokenizer, texts)
 
 
+@pytest.mark.slow
+def test_real_smollm2_gives_hf_ids_on_a_large_corpus_refused_texts_included() -> None:
+    tokenizer = chatml_tokenizer()
+    encoder = select_encoder(tokenizer)
+    assert isinstance(encoder, FastokensEncoder)
+    texts = corpus(_added(tokenizer), "large")
+    _assert_same_ids(encoder, tokenizer, texts)
+
+
 def test_tiny_qwen3_fixture_gives_hf_ids(tiny_qwen3: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
     encoder = select_encoder(tokenizer)
-    assert isinstance(encoder, BpeQwenEncoder)
-    added = [t.content for t in tokenizer.added_tokens_decoder.values()]
-    _assert_same_ids(encoder, tokenizer, corpus(added, "small"))
+    assert isinstance(encoder, FastokensEncoder)
+    _assert_same_ids(encoder, tokenizer, corpus(_added(tokenizer), "small"))
+
+
+def test_texts_fastokens_refuses_get_hf_ids(tiny_chatml: Path) -> None:
+    # SmolLM2's vocabulary has no token for the bytes 0xF1 and 0xF2 (lead bytes of planes 4-11):
+    # fastokens raises where HF encodes (dropping the byte); the encoder answers with HF's ids.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_chatml)
+    encoder = select_encoder(tokenizer)
+    assert isinstance(encoder, FastokensEncoder)
+    text = "plane 9: \U000968fb, then <|im_end|> and more"
+    import fastokens
+
+    with pytest.raises(ValueError, match="has no token"):
+        fastokens.Tokenizer.from_json_str(tokenizer.backend_tokenizer.to_str()).encode(text)
+    assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False)
+    assert encoder.encode("plain text") == tokenizer.encode("plain text", add_special_tokens=False)
+
+
+_PIECES = st.one_of(
+    st.text(st.characters(codec="utf-8"), max_size=12),
+    st.sampled_from([" ", "  ", "\n", "\r\n", "\t", "\n\n", " \n", "\u00a0", "\u3000", "e\u0301", "'s"]),
+    st.sampled_from(["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "<|im_start|"]),
+)
+
+
+@cache
+def _real_encoders() -> list[tuple[TextEncoder, HFEncoder]]:
+    pairs = [(select_encoder(t), HFEncoder(t)) for t in (qwen3_tokenizer(), chatml_tokenizer())]
+    assert [fast.name for fast, _ in pairs] == ["fastokens", "fastokens"]
+    return pairs
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pieces=st.lists(_PIECES, max_size=40))
+def test_any_text_gets_hf_ids(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    for fast, reference in _real_encoders():
+        assert fast.encode(text) == reference.encode(text), repr(text)
 
 
 def test_added_tokens_are_split_and_mapped_like_hf(tiny_qwen3: Path) -> None:
@@ -157,8 +215,18 @@ def test_added_tokens_are_split_and_mapped_like_hf(tiny_qwen3: Path) -> None:
     assert encoder.encode("") == []
 
 
-def test_other_tokenizers_fall_back_to_hf(tiny_chatml: Path, tiny_qwen3: Path, monkeypatch) -> None:
-    assert select_encoder(AutoTokenizer.from_pretrained(tiny_chatml)).name == "tokenizers"  # not Qwen's BPE
+def _word_level() -> PreTrainedTokenizerFast:
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def test_other_tokenizers_fall_back_to_hf(tiny_qwen3: Path, monkeypatch) -> None:
+    word_level = _word_level()
+    encoder = select_encoder(word_level)
+    assert encoder.name == "tokenizers"
+    assert encoder.encode("hello world") == [1, 2]
     qwen = AutoTokenizer.from_pretrained(tiny_qwen3)
     assert select_encoder(qwen, prefer_fast=False).name == "tokenizers"
     monkeypatch.setenv("RLGW_FAST_TOKENIZER", "0")
@@ -172,46 +240,72 @@ def _spec(tiny_qwen3: Path) -> dict:
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        (lambda s: s.update(normalizer=None), "normalizer"),
-        (lambda s: s["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex=r"\s+|\S+"), "regex"),
+        (lambda s: s.update(normalizer={"type": "NFD"}), "normalizer"),
+        (lambda s: s.update(pre_tokenizer={"type": "Whitespace"}), "ByteLevel"),
         (lambda s: s["model"].update(byte_fallback=True), "byte_fallback"),
+        (lambda s: s["model"].update(dropout=0.1), "dropout"),
         (lambda s: s["model"].update(type="WordPiece"), "WordPiece"),
-        (lambda s: s["added_tokens"][0].update(lstrip=True), "lstrip"),
     ],
 )
-def test_tokenizers_unlike_qwens_are_told_apart(tiny_qwen3: Path, change, reason: str) -> None:
+def test_tokenizers_unlike_byte_level_bpe_are_told_apart(tiny_qwen3: Path, change, reason: str) -> None:
     spec = _spec(tiny_qwen3)
-    assert qwen_bpe_mismatch(spec) is None
+    assert byte_level_bpe_mismatch(spec) is None
     change(spec)
-    assert reason in qwen_bpe_mismatch(spec)
+    assert reason in byte_level_bpe_mismatch(spec)
 
 
-def test_a_vocabulary_bpe_qwen_cannot_build_falls_back_without_killing_the_process(
-    tiny_qwen3: Path, tmp_path: Path, monkeypatch, caplog
-) -> None:
-    # Same structure as Qwen's, merges in reverse priority: bpe-qwen panics (aborting its
-    # process) because tokens no longer encode to themselves; the check runs in a child.
-    monkeypatch.setenv("RLGW_CACHE_DIR", str(tmp_path))
+def _fresh_tokenizer(tiny_qwen3: Path, tag: str) -> PreTrainedTokenizerFast:
+    # A tokenizer.json no other test built (the outcome is kept per distinct tokenizer).
     spec = _spec(tiny_qwen3)
-    spec["model"]["merges"] = spec["model"]["merges"][::-1]
-    assert qwen_bpe_mismatch(spec) is None
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)))
+    spec["added_tokens"][-1]["content"] += tag
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)))
+
+
+def test_a_tokenizer_fastokens_cannot_load_falls_back(tiny_qwen3: Path, monkeypatch, caplog) -> None:
+    import fastokens
+
+    def refuse(raw: str) -> None:
+        raise ValueError("unsupported model type: Other")
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_json_str", refuse)
+    tokenizer = _fresh_tokenizer(tiny_qwen3, "-unloadable")
     with caplog.at_level("INFO", logger=fast_tokenizer.__name__):
         encoder = select_encoder(tokenizer)
     assert encoder.name == "tokenizers"
+    assert "fastokens cannot load the tokenizer: unsupported model type" in caplog.text
     text = "hello <|im_end|>"
     assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False)
-    assert "bpe-qwen failed to build" in caplog.text and "panicked" in caplog.text
+
+
+def test_a_self_check_difference_falls_back(tiny_qwen3: Path, monkeypatch, caplog) -> None:
+    # A fastokens that drops the last id of every text it encodes: the start-up check catches it.
+    import fastokens
+
+    real = fastokens.Tokenizer.from_json_str
+
+    class Off:
+        def __init__(self, raw: str) -> None:
+            self._t = real(raw)
+
+        def encode(self, text: str, add_special_tokens: bool = False):
+            enc = self._t.encode(text, add_special_tokens=add_special_tokens)
+            return type("E", (), {"ids": enc.ids[:-1]})()
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_json_str", Off)
+    with caplog.at_level("INFO", logger=fast_tokenizer.__name__):
+        encoder = select_encoder(_fresh_tokenizer(tiny_qwen3, "-off-by-one"))
+    assert encoder.name == "tokenizers"
+    assert "self-check differs" in caplog.text
 
 
 def test_the_gateway_profile_renders_with_the_selected_encoder(tiny_qwen3: Path, tiny_chatml: Path) -> None:
     from rlgw.gateway.profile import build_profile
 
     qwen = build_profile({"tokenizer_path": str(tiny_qwen3), "max_context_length": 4096})
-    assert qwen.renderer.encoder_name == "bpe-qwen"
+    assert qwen.renderer.encoder_name == "fastokens"
     messages = [{"role": "user", "content": "Hello, what is 2 + 2?"}]
     text = qwen.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     expected = qwen.tokenizer.encode(text, add_special_tokens=False)
     assert qwen.renderer.render_prompt(messages, None) == expected
     chatml = build_profile({"tokenizer_path": str(tiny_chatml), "max_context_length": 4096})
-    assert chatml.renderer.encoder_name == "tokenizers"
+    assert chatml.renderer.encoder_name == "fastokens"

@@ -170,10 +170,14 @@ def plan_turn(profile: ModelProfile, session: Session, turn: Turn, params: ChatP
         if not synced.new:
             raise InvalidRequest("no new message since the last assistant turn", param="messages")
         anchor = _last_user(messages, len(messages) - len(synced.new))
-        inc = renderer.render_continuation(
-            synced.new, tools, previous_ended_with_eos=last.ended_with_stop_token, anchor_user=anchor, **kw
+        inc_ids = renderer.render_continuation(
+            synced.new,
+            tools,
+            previous_ended_with_eos=last.ended_with_stop_token,
+            anchor_user=anchor,
+            as_array=True,
+            **kw,
         )
-        inc_ids = np.asarray(inc, dtype=np.int32)
         plan.input_ids = np.concatenate([seg.ids_view(), inc_ids])
         plan.increment, plan.new_messages = inc_ids, synced.new
         plan.echo_matches, plan.echo_edits = synced.echo_matches, synced.echo_edits
@@ -193,7 +197,10 @@ def _last_user(messages: list[dict[str, Any]], end: int) -> dict[str, Any] | Non
 def _forced(profile: ModelProfile, ids: list[int] | np.ndarray) -> bool:
     """Whether the generation prompt already opened a think block (reasoning is forced)."""
     k = len(profile.think_start_ids)
-    return k > 0 and tuple(int(i) for i in ids[-k:]) == profile.think_start_ids
+    if k == 0:
+        return False
+    tail = ids[-k:]
+    return tuple(tail.tolist() if isinstance(tail, np.ndarray) else tail) == profile.think_start_ids
 
 
 class TurnDecoder:

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 logger = logging.getLogger(__name__)
 
 # Text the self-check encodes both ways: what agents send (code, prose in many scripts, JSON,
@@ -58,6 +60,10 @@ class TextEncoder(Protocol):
         """The ids of `text`."""
         ...
 
+    def encode_array(self, text: str) -> np.ndarray:
+        """The ids of `text` as an int32 array."""
+        ...
+
 
 class HFEncoder:
     """HF `tokenizers` (the reference): the Rust backend directly when the tokenizer is a fast one.
@@ -79,6 +85,10 @@ class HFEncoder:
                 text, add_special_tokens=False, split_special_tokens=False
             )
 
+    def encode_array(self, text: str) -> np.ndarray:
+        """The ids of `text` as an int32 array."""
+        return np.asarray(self.encode(text), dtype=np.int32)
+
 
 class FastokensEncoder:
     """fastokens, with HF `tokenizers` for the texts it refuses."""
@@ -87,6 +97,7 @@ class FastokensEncoder:
 
     def __init__(self, fast: Any, fallback: Callable[[str], list[int]]) -> None:
         self._fast_encode = fast.encode
+        self._fast_flat = fast.encode_batch_flat
         self._fallback = fallback
 
     def encode(self, text: str) -> list[int]:
@@ -95,6 +106,14 @@ class FastokensEncoder:
             return self._fast_encode(text, add_special_tokens=False).ids
         except ValueError:  # "byte 0xf1 has no token in vocabulary": what HF does then is the answer
             return self._fallback(text)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """The ids of `text` as an int32 array, with no Python int per id (a third of `encode`'s
+        time and the list-to-array copy saved: ids come as little-endian uint32 bytes, all < 2**31)."""
+        try:
+            return np.frombuffer(self._fast_flat([text])[0], dtype="<i4")
+        except ValueError:
+            return np.asarray(self._fallback(text), dtype=np.int32)
 
 
 def _has_byte_level(step: dict | None) -> bool:
@@ -142,7 +161,7 @@ def _build_checked(raw: str, spec: dict, reference: Callable[[str], list[int]]) 
     added = [t["content"] for t in spec.get("added_tokens") or []]
     for text in self_check_texts(added):
         ours, ref = encoder.encode(text), reference(text)
-        if ours != ref:
+        if ours != ref or encoder.encode_array(text).tolist() != ref:
             at = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), len(ref))
             return (
                 f"self-check differs on {text[:30]!r} at id {at}: {ours[at : at + 3]} != {ref[at : at + 3]}"

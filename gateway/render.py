@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import numpy as np
 import orjson
 import xxhash
 from transformers import PreTrainedTokenizerBase
@@ -57,7 +58,7 @@ _RESERVED_KWARGS = frozenset(
     if p.kind is not p.VAR_KEYWORD and name != "self"
 ) | {"messages"}
 # The renderer's own parameters: a template kwarg with one of these names would collide with them.
-_RENDERER_PARAMS = frozenset({"tools", "new_messages", "previous_ended_with_eos", "anchor_user"})
+_RENDERER_PARAMS = frozenset({"tools", "new_messages", "previous_ended_with_eos", "anchor_user", "as_array"})
 # OpenAI content-part types that carry text.
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 
@@ -125,6 +126,7 @@ class ChatRenderer:
         # same ids faster (gateway/fast_tokenizer.py: fastokens for byte-level BPE).
         self._encoder = encoder or HFEncoder(tokenizer)
         self._encode = self._encoder.encode
+        self._encode_array = self._encoder.encode_array
         self._config = config
         self._kwargs = dict(config.template_kwargs)
         # Increments of shapes already seen are filled in, not rendered (increment_cache.py).
@@ -246,9 +248,10 @@ class ChatRenderer:
         *,
         previous_ended_with_eos: bool,
         anchor_user: dict | None = None,
+        as_array: bool = False,
         **kwargs: Any,
-    ) -> list[int]:
-        """Ids to append after the last sampled assistant turn.
+    ) -> list[int] | np.ndarray:
+        """Ids to append after the last sampled assistant turn (an int32 array with `as_array`).
 
         They hold the template's closing of that turn (only when the generation did not end
         with the end-of-turn token, e.g. cut by length), the new messages rendered as the
@@ -269,7 +272,8 @@ class ChatRenderer:
             raise ValueError("render_continuation needs at least one new message")
         uses_tools = self._tools_after_user if anchor_user is not None else self._tools_without_user
         tools = tools if uses_tools else None
-        return self._increment(new_messages, tools, previous_ended_with_eos, kwargs, anchor_user)
+        tokenize = self.tokenize_array if as_array else self.tokenize
+        return self._increment(new_messages, tools, previous_ended_with_eos, kwargs, anchor_user, tokenize)
 
     def _increment(
         self,
@@ -278,7 +282,9 @@ class ChatRenderer:
         previous_ended_with_eos: bool,
         kwargs: Mapping,
         anchor_user: dict | None,
-    ) -> list[int]:
+        tokenize: Callable[[str], Any] | None = None,
+    ) -> Any:
+        tokenize = tokenize or self.tokenize
         messages = self.normalize(new_messages)
         anchor = [_ANCHOR[1]] if anchor_user is None else [self._normalize_one(0, anchor_user), _ANCHOR[1]]
 
@@ -289,14 +295,14 @@ class ChatRenderer:
             return tail(new, self._render_compiled)
 
         if _compile_jinja_template is None:
-            return self.tokenize(tail(messages))
+            return tokenize(tail(messages))
         context = (
             _digest(anchor[0]) if anchor_user is not None else None,
             _digest(tools) if tools else None,
             orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS) if kwargs else b"",
             previous_ended_with_eos,
         )
-        return self.tokenize(self._increments.text(context, messages, tail, placeholder_tail))
+        return tokenize(self._increments.text(context, messages, tail, placeholder_tail))
 
     def _tail(
         self,
@@ -328,6 +334,10 @@ class ChatRenderer:
     def tokenize(self, text: str) -> list[int]:
         """Ids of rendered text: special tokens parsed, no BOS/EOS added (templates write their own)."""
         return self._encode(text)
+
+    def tokenize_array(self, text: str) -> np.ndarray:
+        """`tokenize` as an int32 array (the turn's engine input is one)."""
+        return self._encode_array(text)
 
     def _assistant_closing(self) -> str:
         """What the template writes after an assistant turn's content when nothing follows."""

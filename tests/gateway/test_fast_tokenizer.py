@@ -18,6 +18,7 @@ import unicodedata
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -127,9 +128,9 @@ def _assert_same_ids(encoder: FastokensEncoder, tokenizer: PreTrainedTokenizerBa
     differing = []
     n_ids = 0
     for text in texts:
-        ours, ref = encoder.encode(text), reference.encode(text)
+        ours, ref, array = encoder.encode(text), reference.encode(text), encoder.encode_array(text)
         n_ids += len(ref)
-        if ours != ref:
+        if ours != ref or array.dtype != np.int32 or array.tolist() != ref:
             differing.append(text[:60])
     assert not differing, f"{len(differing)} of {len(texts)} texts differ, e.g. {differing[:3]}"
     assert n_ids > len(texts)
@@ -179,6 +180,7 @@ def test_texts_fastokens_refuses_get_hf_ids(tiny_chatml: Path) -> None:
     with pytest.raises(ValueError, match="has no token"):
         fastokens.Tokenizer.from_json_str(tokenizer.backend_tokenizer.to_str()).encode(text)
     assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False)
+    assert encoder.encode_array(text).tolist() == tokenizer.encode(text, add_special_tokens=False)
     assert encoder.encode("plain text") == tokenizer.encode("plain text", add_special_tokens=False)
 
 
@@ -201,7 +203,9 @@ def _real_encoders() -> list[tuple[TextEncoder, HFEncoder]]:
 def test_any_text_gets_hf_ids(pieces: list[str]) -> None:
     text = "".join(pieces)
     for fast, reference in _real_encoders():
-        assert fast.encode(text) == reference.encode(text), repr(text)
+        ref = reference.encode(text)
+        assert fast.encode(text) == ref, repr(text)
+        assert fast.encode_array(text).tolist() == ref, repr(text)
 
 
 def test_added_tokens_are_split_and_mapped_like_hf(tiny_qwen3: Path) -> None:
@@ -290,6 +294,10 @@ def test_a_self_check_difference_falls_back(tiny_qwen3: Path, monkeypatch, caplo
         def encode(self, text: str, add_special_tokens: bool = False):
             enc = self._t.encode(text, add_special_tokens=add_special_tokens)
             return type("E", (), {"ids": enc.ids[:-1]})()
+
+        def encode_batch_flat(self, texts: list[str]) -> tuple[bytes, bytes]:
+            ids, offsets = self._t.encode_batch_flat(texts)
+            return ids[:-4], offsets
 
     monkeypatch.setattr(fastokens.Tokenizer, "from_json_str", Off)
     with caplog.at_level("INFO", logger=fast_tokenizer.__name__):

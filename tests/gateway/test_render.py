@@ -14,6 +14,7 @@ import copy
 from dataclasses import dataclass
 
 import jinja2
+import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
@@ -175,6 +176,10 @@ def simulate(
             full = r.render_text(msgs[:a], tools, add_generation_prompt=True, **kw)
             piece = (EOT if prev in cut else "") + tail_after_assistant(full, k)
             assert increment == r.tokenize(piece), f"turn {k}: increment is not the full render's tail"
+            as_array = r.render_continuation(
+                msgs[prev + 1 : a], tools, previous_ended_with_eos=prev not in cut, as_array=True, **kw
+            )
+            assert as_array.dtype == np.int32 and as_array.tolist() == increment
             ids += increment
             reference += piece
         turns.append(Turn(a, list(ids), reference))

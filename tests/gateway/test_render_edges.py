@@ -45,7 +45,7 @@ def text(r: ChatRenderer, ids: list[int]) -> str:
 
 
 @pytest.mark.parametrize(
-    "key", ["tokenize", "tools", "new_messages", "previous_ended_with_eos", "messages", 1]
+    "key", ["tokenize", "tools", "new_messages", "previous_ended_with_eos", "as_array", "messages", 1]
 )
 def test_template_kwargs_may_not_set_what_the_renderer_sets(key: object) -> None:
     with pytest.raises(InvalidRequest) as info:

@@ -150,8 +150,8 @@ def parse_block(fmt: str, block: str, schemas: dict[str, dict], *, terminated: b
     return result
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+# `json.dumps(value, ensure_ascii=False)` builds this encoder on every call (a non-default option).
+_dumps = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def _parse_json(block: str, schemas: dict[str, dict], raw: str) -> BlockParse:

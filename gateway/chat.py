@@ -12,6 +12,7 @@ and the same output parser see the same ids, so they return and record the same 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -27,7 +28,16 @@ from rlgw.gateway.ledger import Synced, Violation, canonical_arguments, history_
 from rlgw.gateway.output_parser import OutputParser, ParsedOutput, ParseError, ParserEvent, ToolCall
 from rlgw.gateway.profile import ModelProfile
 from rlgw.gateway.sessions import Session
-from rlgw.gateway.turn import Plan, Turn, commit, decide, duplicate_cause, engine_sampling, turn_scope
+from rlgw.gateway.turn import (
+    Plan,
+    Turn,
+    commit,
+    decide,
+    duplicate_cause,
+    engine_sampling,
+    new_records,
+    turn_scope,
+)
 
 
 @dataclass
@@ -278,6 +288,25 @@ async def _commit(
     )
 
 
+class _WhileGenerating:
+    """What a non-streamed turn needs that does not depend on the engine's reply, done while the
+    engine generates: scheduled (`call_soon`) just before the engine call, it runs at the turn's
+    first wait on the engine, once the request is written, so it adds nothing to the turn's
+    latency (about 50 us less per turn in bench/gateway.py). What it did not get to (the reply
+    came first, or it failed) is done after the reply, as before, where an error surfaces."""
+
+    def __init__(self, profile: ModelProfile, params: ChatParams, plan: Plan) -> None:
+        self._profile, self._params, self._plan = profile, params, plan
+        self.decoder: TurnDecoder | None = None
+
+    def run(self) -> None:
+        try:
+            self.decoder = TurnDecoder(self._profile, self._params, self._plan)
+            new_records(self._plan)  # the journal row's digests of the new messages
+        except Exception:
+            self.decoder = None
+
+
 def _prepare(
     profile: ModelProfile, session: Session, turn: Turn, params: ChatParams
 ) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
@@ -294,8 +323,10 @@ async def run_chat(
     """A non-streamed chat turn, committed to the ledger before it returns."""
     async with turn_scope(session, arrived=params.arrived) as turn:
         plan, sampling, overridden = _prepare(profile, session, turn, params)
+        early = _WhileGenerating(profile, params, plan)
+        asyncio.get_running_loop().call_soon(early.run)
         result = await backend.generate(plan.input_ids, sampling, rid=turn.rid, routing_key=session.id)
-        decoder = TurnDecoder(profile, params, plan)
+        decoder = early.decoder or TurnDecoder(profile, params, plan)
         decoder.feed(result.output_ids)
         decoder.close(result)
         parsed = decoder.parser.result()

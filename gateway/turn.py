@@ -63,6 +63,16 @@ class Plan:
     agent_text: str = ""  # completions: the prompt text this turn adds
     reasoning_forced: bool = False  # the generation prompt already opened a think block
     history: tuple[int, int, int] | None = None  # the request's `ledger.history_print`
+    records: list[tuple[str, int]] | None = None  # `new_records`, once computed
+
+
+def new_records(plan: Plan) -> list[tuple[str, int]] | None:
+    """(role, message digest) of the plan's new messages, computed once (None: a completions turn)."""
+    if plan.new_messages is None:
+        return None
+    if plan.records is None:
+        plan.records = [(m.get("role", ""), message_digest(m)) for m in plan.new_messages]
+    return plan.records
 
 
 @dataclass(slots=True)
@@ -201,9 +211,7 @@ async def commit(
             commit={
                 # Their digests, not the messages: all the ledger keeps of them (and a smaller row).
                 "new_messages": None,
-                "records": None
-                if plan.new_messages is None
-                else [(m.get("role", ""), message_digest(m)) for m in plan.new_messages],
+                "records": new_records(plan),
                 "prompt_ids": plan.increment,
                 "output_ids": result.output_ids,
                 "logprobs": result.logprobs,

@@ -168,3 +168,65 @@ def test_each_sample_status_describes_its_own_segment() -> None:
     ledger.commit(turn("length"), "v1")  # the second was cut by max_tokens
     built = ledger.build_samples(reward=1.0, status=None, rollout_id="r", group_index=0, metadata={})
     assert [s.status.value for _, s, _ in built if s is not None] == ["completed", "truncated"]
+
+
+def _chat_params(messages: list[dict[str, Any]]) -> ChatParams:
+    return ChatParams(
+        messages=messages,
+        tools=None,
+        tool_choice=None,
+        parallel_tool_calls=True,
+        sampling={},
+        max_tokens=8,
+        logprobs=False,
+        top_logprobs=0,
+        stream=False,
+        include_usage=False,
+        template_kwargs={},
+    )
+
+
+@pytest.mark.parametrize("early_fails", [False, True])
+async def test_reply_independent_work_is_done_while_the_engine_generates(
+    tiny_qwen3: Any, fe: FaultEngine, monkeypatch: pytest.MonkeyPatch, early_fails: bool
+) -> None:
+    from rlgw.gateway import chat
+    from rlgw.gateway.backend import SGLangBackend
+    from rlgw.gateway.profile import build_profile
+
+    profile = build_profile({"tokenizer_path": str(tiny_qwen3), "max_context_length": 4096})
+    backend = SGLangBackend(fe.url)
+    engine = {"state": "idle"}
+    request = backend._transport.request
+
+    async def watched_request(*args: Any, **kwargs: Any) -> Any:
+        engine["state"] = "generating"  # from here until the reply's head is read
+        reply = await request(*args, **kwargs)
+        engine["state"] = "answered"
+        return reply
+
+    monkeypatch.setattr(backend._transport, "request", watched_request)
+    seen: list[str] = []
+
+    class Watched(chat.TurnDecoder):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            seen.append(engine["state"])
+            if early_fails and len(seen) == 1:
+                raise RuntimeError("a failure of the early work")
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(chat, "TurnDecoder", Watched)
+    sess = Session("s", "t", "task", Mode.CAPTURE, "r", 0, Policy.SEGMENT, {}, {}, ledger=Ledger())
+    try:
+        first = await chat.run_chat(backend, profile, sess, _chat_params([{"role": "user", "content": "hi"}]))
+        echo = {"role": "assistant", "content": first.parsed.content}
+        messages = [{"role": "user", "content": "hi"}, echo, {"role": "user", "content": "and now?"}]
+        second = await chat.run_chat(backend, profile, sess, _chat_params(messages))
+    finally:
+        await backend.aclose()
+    # The decoder of each turn was built while the engine was generating; a failure there is
+    # not lost: the decoder is built again after the reply, where an error would surface.
+    assert seen == (["generating", "answered", "generating"] if early_fails else ["generating"] * 2)
+    seg = sess.ledger.current
+    assert [t.content for t in seg.turns] == [first.parsed.content, second.parsed.content]
+    assert len(seg.records) == 4  # user, assistant, user, assistant: the digests the journal keeps

@@ -7,9 +7,10 @@ frame and a wrapped `send` per message. The turn endpoints (each surface's
 `POST /s/{session_id}/v1/<path>` and `POST /v1/<path>`, registered by `httpio.session_routes`)
 are the hot path, hundreds a second: they are matched here by a dict lookup and their handler
 is called directly, skipping FastAPI's router, dependency solving and exception middleware
-(measured by `bench/gateway.py`). FastAPI still holds the same routes (the OpenAPI document),
-and errors are answered by the same handlers, so a client cannot tell the two paths apart.
-Everything else goes to FastAPI.
+(measured by `bench/gateway.py`). The edge wraps FastAPI's whole middleware stack (`app.py`),
+so a turn skips its server-error, telemetry and body-limit layers too. FastAPI still holds the
+same routes (the OpenAPI document), and errors are answered by the same handlers, so a client
+cannot tell the two paths apart. Everything else goes to FastAPI.
 """
 
 from __future__ import annotations

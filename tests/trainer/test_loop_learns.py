@@ -2,7 +2,7 @@
 
 Task (trainer/configs/word-tiny.json): "Answer with one word: It", reward 1 when the reply's first word is
 "It" (about 4% of the fixture's samples at temperature 1). Threshold: the first iteration's mean reward is
-below 0.2 and the mean of the last two iterations is above 0.8, for three seeds; the engine serves the new
+below 0.2 and the mean of the last two of 16 iterations is above 0.8, for three seeds; the engine serves the new
 version after every iteration (v0 full, then one xor delta per iteration); with lr = 0 the reward stays low.
 Each run is a real `rlgw train` process that starts `rlgw serve` (gateway + embedded engine).
 """
@@ -19,6 +19,7 @@ import pytest
 from tests.support.procs import REPO
 
 CONFIG = REPO / "trainer" / "configs" / "word-tiny.json"
+LEARNING_ITERATIONS = 16
 
 
 def train(work: Path, *extra: str) -> list[dict]:
@@ -31,8 +32,8 @@ def train(work: Path, *extra: str) -> list[dict]:
     return [json.loads(line) for line in (work / "receipts.jsonl").read_text().splitlines()]
 
 
-def check_versions_and_sessions(receipts: list[dict]) -> None:
-    iterations = json.loads(CONFIG.read_text())["iterations"]
+def check_versions_and_sessions(receipts: list[dict], iterations: int | None = None) -> None:
+    iterations = iterations or json.loads(CONFIG.read_text())["iterations"]
     assert [r["iteration"] for r in receipts] == list(range(iterations))
     for i, r in enumerate(receipts):
         assert r["version_trained_from"] == i
@@ -46,11 +47,15 @@ def check_versions_and_sessions(receipts: list[dict]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_loop_learns_to_answer_with_the_word(tmp_path: Path, seed: int) -> None:
-    receipts = train(tmp_path, "--seed", str(seed))
+    # The engine's sampling is not seeded per request, so a seed does not fix a run: an iteration in
+    # which none of the 32 samples says "It" teaches nothing, and a run that starts with several
+    # (seed 0 in one CI run: 0.0 for six iterations, 0.06 and 0.03 at the end of twelve) misses
+    # the threshold. Four iterations more than the config's twelve leave room for such a start.
+    receipts = train(tmp_path, "--seed", str(seed), "--iterations", str(LEARNING_ITERATIONS))
     rewards = [r["reward_mean"] for r in receipts]
     assert rewards[0] < 0.2, rewards
     assert sum(rewards[-2:]) / 2 > 0.8, rewards
-    check_versions_and_sessions(receipts)
+    check_versions_and_sessions(receipts, LEARNING_ITERATIONS)
 
 
 @pytest.mark.slow

@@ -2,8 +2,9 @@
 
 Task (trainer/configs/word-tiny.json): "Answer with one word: It", reward 1 when the reply's first word is
 "It" (about 4% of the fixture's samples at temperature 1). Threshold: the first iteration's mean reward is
-below 0.2 and the mean of the last two of 16 iterations is above 0.8, for three seeds; the engine serves the new
-version after every iteration (v0 full, then one xor delta per iteration); with lr = 0 the reward stays low.
+below 0.2 and the mean of the last two of 16 iterations is above 0.8, for three seeds; the engine serves the
+new version after every iteration (v0 full, then one xor delta per iteration); with lr = 0 the reward stays
+low.
 Each run is a real `rlgw train` process that starts `rlgw serve` (gateway + embedded engine).
 """
 

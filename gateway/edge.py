@@ -7,7 +7,8 @@ frame and a wrapped `send` per message. The turn endpoints (each surface's
 `POST /s/{session_id}/v1/<path>` and `POST /v1/<path>`, registered by `httpio.session_routes`)
 are the hot path, hundreds a second: they are matched here by a dict lookup and their handler
 is called directly, skipping FastAPI's router, dependency solving and exception middleware
-(measured by `bench/gateway.py`). The edge wraps FastAPI's whole middleware stack (`app.py`),
+(measured by `bench/gateway.py`), and a turn settles (its record applied to the ledger, the
+session released) once its reply is sent. The edge wraps FastAPI's whole middleware stack (`app.py`),
 so a turn skips its server-error, telemetry and body-limit layers too. FastAPI still holds the
 same routes (the OpenAPI document), and errors are answered by the same handlers, so a client
 cannot tell the two paths apart. Everything else goes to FastAPI.
@@ -24,6 +25,7 @@ from starlette.responses import Response
 
 from rlgw.gateway import body_limits, limits, metrics
 from rlgw.gateway.httpio import SessionRoute, session_for_key, session_for_path
+from rlgw.gateway.turn import settle_after_reply
 
 ASGIApp = Callable[..., Any]
 
@@ -101,15 +103,17 @@ class Edge:
         send: ASGIApp,
     ) -> None:
         request = Request(scope, receive)
-        try:
-            if session_id is None:
-                session = session_for_key(request)
-            else:
-                session = session_for_path(request, session_id)
-            response = await route.handler(request, session)
-        except Exception as exc:
-            response = await self._error(route, request, exc)
-        await response(scope, receive, send)
+        # The turn's bookkeeping after its journal write waits until the reply is sent (turn.py).
+        with settle_after_reply():
+            try:
+                if session_id is None:
+                    session = session_for_key(request)
+                else:
+                    session = session_for_path(request, session_id)
+                response = await route.handler(request, session)
+            except Exception as exc:
+                response = await self._error(route, request, exc)
+            await response(scope, receive, send)
 
     async def _error(self, route: SessionRoute, request: Request, exc: Exception) -> Response:
         """The response FastAPI would give: the surface's error format, else the app's handler

@@ -14,7 +14,12 @@ a turn must do the same way everywhere:
   (an error, an engine abort, a client that disconnected mid-stream);
 - the commit: the policy's segment change, a replaced retry, the prompt increment and the
   sampled ids are applied together, only after the engine answered (`commit`), so a turn
-  that fails leaves the ledger and the session exactly as they were.
+  that fails leaves the ledger and the session exactly as they were;
+- the settling: a committed turn is journaled before it is answered, but applying its record
+  to the ledger, its counters and the lock's release can wait until the answer is sent. Inside
+  `settle_after_reply` (the edge wraps each turn request in it) they do: the agent does not
+  wait for that bookkeeping, and the session stays locked until it is done, so the next turn,
+  a `finish` or a retry still sees the turn applied.
 
 Policies are decided while planning (`decide`) but act only at commit. This module knows the
 ledger and the session; it knows nothing about request or response shapes.
@@ -23,9 +28,10 @@ ledger and the session; it knows nothing about request or response shapes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,12 +83,38 @@ def new_records(plan: Plan) -> list[tuple[str, int]] | None:
 
 @dataclass(slots=True)
 class Turn:
-    """One running turn: its engine request id and when its request arrived."""
+    """One running turn: its engine request id, when its request arrived, and once it is
+    committed (journaled), the record still to apply and when it was committed."""
 
     session: Session
     rid: str
     arrived: float
     committed: bool = False
+    record: dict[str, Any] | None = None
+    committed_at: float = 0.0
+    generated: int = 0  # sampled ids, counted against the tenant when the turn settles
+    surface: str = "chat"
+
+
+# The settlements of turns answered in the current request, run when it ends (None: at once).
+_UNSETTLED: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+    "rlgw_unsettled_turns", default=None
+)
+
+
+@contextlib.contextmanager
+def settle_after_reply() -> Iterator[None]:
+    """Within this block, committed turns settle (record applied, counters, lock released) when
+    the block ends, not when their scope does: wrapped around a request, reply included, the
+    agent gets its answer before that work runs. A settlement never raises."""
+    pending: list[Callable[[], None]] = []
+    token = _UNSETTLED.set(pending)
+    try:
+        yield
+    finally:
+        _UNSETTLED.reset(token)
+        for settle in pending:
+            settle()
 
 
 @contextlib.asynccontextmanager
@@ -91,7 +123,9 @@ async def turn_scope(session: Session, *, arrived: float | None = None) -> Async
     arrived = time.monotonic() if arrived is None else arrived
     # The tenant's in-flight slot (429 over a limit) is held while waiting for the lock too.
     with turn_slot(session.tenant, session.id):
-        async with session.lock:
+        await session.lock.acquire()
+        turn: Turn | None = None
+        try:
             if session.finished or session.finishing:
                 raise Conflict(
                     f"session {session.id!r} is finished", param="session_id", code="session_finished"
@@ -99,14 +133,49 @@ async def turn_scope(session: Session, *, arrived: float | None = None) -> Async
             turn = Turn(session, new_rid(), arrived)
             session.active_rids.add(turn.rid)
             session.last_active = time.monotonic()
-            try:
-                yield turn
-            finally:
+            yield turn
+        finally:
+            if turn is None:
+                session.lock.release()
+            else:
                 session.active_rids.discard(turn.rid)
-                if turn.committed:
-                    session.turns += 1
+                pending = _UNSETTLED.get() if turn.committed else None
+                if pending is None:
+                    _settle(turn)
                 else:
-                    session.failed_turns += 1
+                    pending.append(lambda: _settle(turn))
+
+
+def _settle(turn: Turn) -> None:
+    """Apply a finished turn to its session and release the session (never raises).
+
+    A committed turn's record is already in the journal: if applying it fails here, the ledger
+    cannot be trusted, so capture turns off (no sample is trained on) and the error is logged.
+    """
+    session = turn.session
+    try:
+        if not turn.committed:
+            session.failed_turns += 1
+            return
+        session.turns += 1
+        record = turn.record
+        if record is None:  # committed by hand (a test of the counters): nothing to apply
+            return
+        try:
+            apply_record(session, record, committed_at=turn.committed_at)
+        except Exception:
+            log.exception("applying a committed turn failed", extra={"fields": {"session": session.id}})
+            if session.ledger is not None:
+                session.ledger.invalidate("internal error: a committed turn could not be applied")
+            return
+        turn_generated(session.tenant, turn.surface, turn.generated)
+        if "commit" in record:
+            spec = record["commit"]
+            metrics.turn_recorded(len(spec["prompt_ids"]) + turn.generated, turn.generated)
+            if record.get("segment") is not None:
+                metrics.SEGMENTS.labels(record["segment"][0]).inc()
+    finally:
+        session.lock.release()
 
 
 def decide(session: Session, violation: Violation, event: str | None) -> tuple[str, str] | str:
@@ -185,7 +254,8 @@ async def commit(
     overridden: dict[str, Any],
     end_of_turn_id: int | None,
 ) -> None:
-    """Journal the finished turn, then apply it: the plan's segment change and the generation.
+    """Journal the finished turn; it is applied (the plan's segment change and the generation)
+    when it settles (`turn_scope`).
 
     The journal row is durable before the turn is applied and answered (`journal.py`). A
     generation that filled the model's whole context sets the session's termination reason to
@@ -202,6 +272,8 @@ async def commit(
         "version": result.weight_version,
     }
     if plan.recorded and ledger is not None and ledger.capturing:
+        if len(result.logprobs) != len(result.output_ids):  # what applying it would refuse, refused now
+            raise ValueError(f"{len(result.output_ids)} output ids but {len(result.logprobs)} logprobs")
         record.update(
             segment=plan.segment,
             replace=plan.replace_last,
@@ -232,14 +304,8 @@ async def commit(
         )
     if session.journal is not None and ledger is not None:
         await session.journal.turn(session.id, record)
-    apply_record(session, record, committed_at=time.monotonic())
-    turn.committed = True
-    n_out = len(result.output_ids)
-    turn_generated(session.tenant, plan.surface, n_out)
-    if "commit" in record:
-        metrics.turn_recorded(len(plan.increment) + n_out, n_out)
-        if plan.segment is not None:
-            metrics.SEGMENTS.labels(plan.segment[0]).inc()
+    turn.committed, turn.record, turn.committed_at = True, record, time.monotonic()
+    turn.generated, turn.surface = len(result.output_ids), plan.surface
 
 
 def apply_record(session: Session, record: dict[str, Any], *, committed_at: float = 0.0) -> None:

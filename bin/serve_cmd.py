@@ -238,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     from rlgw.gateway.body_limits import RequestCaps
     from rlgw.gateway.ledger import Policy
     from rlgw.gateway.limits import Limits
+    from rlgw.gateway.server_protocol import CoalescingHttpToolsProtocol
     from rlgw.gateway.store import default_data_dir
 
     tenant_keys = _tenant_keys(args)
@@ -270,5 +271,6 @@ def run(args: argparse.Namespace) -> int:
             log_config=None,
             access_log=False,
             timeout_graceful_shutdown=args.drain_timeout,
+            http=CoalescingHttpToolsProtocol,
         )
     return 0

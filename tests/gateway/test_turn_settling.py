@@ -111,7 +111,10 @@ def test_a_turn_that_cannot_be_applied_is_answered_and_its_session_records_nothi
     info = _info(gw, s["session_id"])
     assert info["invalid_reason"] == "internal error: a committed turn could not be applied"
     # The session was released: it takes the next turn, and its finish stores nothing trainable.
-    messages += [{"role": "assistant", "content": second.choices[0].message.content}, {"role": "user", "content": "?"}]
+    messages += [
+        {"role": "assistant", "content": second.choices[0].message.content},
+        {"role": "user", "content": "?"},
+    ]
     agent.chat.completions.create(model="m", messages=messages)
     done = httpx.post(f"{gw}/v1/sessions/{s['session_id']}/finish", json={"reward": 1.0}, headers=AUTH).json()
     assert done["samples"] == [] and {r["reason"] for r in done["rejects"]} == {"capture_invalid"}

@@ -31,7 +31,7 @@ class HeadWithBodyTransport:
     body that happens to look like one is only joined to the next write, never reordered.
     """
 
-    __slots__ = ("_transport", "_loop", "_head")
+    __slots__ = ("_head", "_loop", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport

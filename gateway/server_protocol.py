@@ -3,8 +3,8 @@
 uvicorn writes a response's head when the app sends `http.response.start` and its body when
 the app sends `http.response.body`: two `send` calls on the socket for every reply. On loopback
 (an agent beside the gateway, or a sidecar) each send runs the receiver's TCP path and wakes it,
-so the agent is woken for the head alone, reads it, and sleeps until the body: about 0.1 ms more
-per turn than one write, measured with bench/gateway.py. Here the head is held until the next
+so the agent is woken for the head alone, reads it, and sleeps until the body (in bench/gateway.py's
+loop, one write saved about 90 us of the gateway's CPU per turn). Here the head is held until the next
 write on the connection and goes out with it; if no write follows in the same pass of the event
 loop (a stream whose first chunk is not ready, a `HEAD`, a 204), the head goes out alone at the
 loop's next pass. Nothing is reordered and nothing else changes: every other call reaches the

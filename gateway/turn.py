@@ -31,7 +31,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,8 +96,27 @@ class Turn:
     surface: str = "chat"
 
 
-# The settlements of turns answered in the current request, run when it ends (None: at once).
-_UNSETTLED: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+class _Unsettled:
+    """The committed turns of one request that settle when it ends (`settle_after_reply`)."""
+
+    __slots__ = ("open", "turns")
+
+    def __init__(self) -> None:
+        self.turns: list[Turn] = []
+        self.open = True  # closed once settled: a later turn (in a copied context) settles at once
+
+    def settle(self, session: Session | None = None) -> None:
+        """Settle the turns held (of `session` only, if given), in the order they committed."""
+        keep = []
+        for turn in self.turns:
+            if session is None or turn.session is session:
+                _settle(turn)
+            else:
+                keep.append(turn)
+        self.turns = keep
+
+
+_UNSETTLED: contextvars.ContextVar[_Unsettled | None] = contextvars.ContextVar(
     "rlgw_unsettled_turns", default=None
 )
 
@@ -107,14 +126,14 @@ def settle_after_reply() -> Iterator[None]:
     """Within this block, committed turns settle (record applied, counters, lock released) when
     the block ends, not when their scope does: wrapped around a request, reply included, the
     agent gets its answer before that work runs. A settlement never raises."""
-    pending: list[Callable[[], None]] = []
-    token = _UNSETTLED.set(pending)
+    unsettled = _Unsettled()
+    token = _UNSETTLED.set(unsettled)
     try:
         yield
     finally:
         _UNSETTLED.reset(token)
-        for settle in pending:
-            settle()
+        unsettled.open = False
+        unsettled.settle()
 
 
 @contextlib.asynccontextmanager
@@ -123,6 +142,9 @@ async def turn_scope(session: Session, *, arrived: float | None = None) -> Async
     arrived = time.monotonic() if arrived is None else arrived
     # The tenant's in-flight slot (429 over a limit) is held while waiting for the lock too.
     with turn_slot(session.tenant, session.id):
+        unsettled = _UNSETTLED.get()
+        if unsettled is not None and unsettled.turns:
+            unsettled.settle(session)  # this request's own earlier turn holds the lock: release it
         await session.lock.acquire()
         turn: Turn | None = None
         try:
@@ -139,11 +161,11 @@ async def turn_scope(session: Session, *, arrived: float | None = None) -> Async
                 session.lock.release()
             else:
                 session.active_rids.discard(turn.rid)
-                pending = _UNSETTLED.get() if turn.committed else None
-                if pending is None:
-                    _settle(turn)
+                unsettled = _UNSETTLED.get() if turn.committed else None
+                if unsettled is not None and unsettled.open:
+                    unsettled.turns.append(turn)
                 else:
-                    pending.append(lambda: _settle(turn))
+                    _settle(turn)
 
 
 def _settle(turn: Turn) -> None:
@@ -161,6 +183,7 @@ def _settle(turn: Turn) -> None:
         record = turn.record
         if record is None:  # committed by hand (a test of the counters): nothing to apply
             return
+        turn_generated(session.tenant, turn.surface, turn.generated)  # generated either way
         try:
             apply_record(session, record, committed_at=turn.committed_at)
         except Exception:
@@ -168,7 +191,6 @@ def _settle(turn: Turn) -> None:
             if session.ledger is not None:
                 session.ledger.invalidate("internal error: a committed turn could not be applied")
             return
-        turn_generated(session.tenant, turn.surface, turn.generated)
         if "commit" in record:
             spec = record["commit"]
             metrics.turn_recorded(len(spec["prompt_ids"]) + turn.generated, turn.generated)

@@ -9,6 +9,8 @@ at the moment the reply's last byte is handed to the server.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,3 +120,41 @@ def test_a_turn_that_cannot_be_applied_is_answered_and_its_session_records_nothi
     agent.chat.completions.create(model="m", messages=messages)
     done = httpx.post(f"{gw}/v1/sessions/{s['session_id']}/finish", json={"reward": 1.0}, headers=AUTH).json()
     assert done["samples"] == [] and {r["reason"] for r in done["rejects"]} == {"capture_invalid"}
+
+
+async def test_a_turn_that_ends_after_its_request_settles_at_once() -> None:
+    # A scope left in a context copied from a request that already ended (a stream generator
+    # finalized later, say) must not wait for that request: its session would stay locked.
+    from rlgw.gateway.ledger import Ledger, Policy
+    from rlgw.gateway.sessions import Mode, Session
+
+    sess = Session("s", "t", "task", Mode.CAPTURE, "r", 0, Policy.SEGMENT, {}, {}, ledger=Ledger())
+    with turn_module.settle_after_reply():
+        ctx = contextvars.copy_context()
+
+    async def late() -> None:
+        async with turn_module.turn_scope(sess) as turn:
+            turn.committed = True
+
+    await asyncio.get_running_loop().create_task(late(), context=ctx)
+    assert (sess.turns, sess.lock.locked()) == (1, False)
+
+
+async def test_turns_committed_within_a_request_settle_when_it_ends() -> None:
+    from rlgw.gateway.ledger import Ledger, Policy
+    from rlgw.gateway.sessions import Mode, Session
+
+    sess = Session("s", "t", "task", Mode.CAPTURE, "r", 0, Policy.SEGMENT, {}, {}, ledger=Ledger())
+    other = Session("o", "t", "task", Mode.CAPTURE, "r", 0, Policy.SEGMENT, {}, {}, ledger=Ledger())
+    with turn_module.settle_after_reply():
+        async with turn_module.turn_scope(sess) as turn:
+            turn.committed = True
+        async with turn_module.turn_scope(other) as turn:
+            turn.committed = True
+        assert (sess.turns, sess.lock.locked(), other.lock.locked()) == (0, True, True)  # not yet settled
+        # A second turn of the same session in the same request settles the first before it
+        # takes the lock (it would otherwise wait on it forever); the other session waits.
+        async with turn_module.turn_scope(sess):
+            assert sess.turns == 1 and other.turns == 0
+        assert (sess.failed_turns, sess.lock.locked()) == (1, False)  # never committed: settled at once
+    assert (sess.turns, other.turns, other.lock.locked()) == (1, 1, False)

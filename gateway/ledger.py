@@ -35,6 +35,7 @@ import enum
 import functools
 import re
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -328,6 +329,12 @@ class TurnCommit:
     history: tuple[int, int, int] | None = None  # the request's `history_print`
 
 
+def check_sampled(output_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    """Refuse a generation whose logprobs do not pair one to one with its sampled ids."""
+    if len(logprobs) != len(output_ids):
+        raise ValueError(f"{len(output_ids)} output ids but {len(logprobs)} logprobs")
+
+
 class Ledger:
     """The segments of one session and the sync/commit rules between turns."""
 
@@ -451,8 +458,7 @@ class Ledger:
         """Append one turn (prompt increment, then sampled ids) to the current segment."""
         seg = self.current
         n_prompt, n_out = len(turn.prompt_ids), len(turn.output_ids)
-        if len(turn.logprobs) != n_out:
-            raise ValueError(f"{n_out} output ids but {len(turn.logprobs)} logprobs")
+        check_sampled(turn.output_ids, turn.logprobs)
         prompt_start, records_before, versions_before = len(seg.ids), len(seg.records), len(seg.versions)
         # As int32 bytes: `array.extend` converts a list item by item (30 us for 800 ids).
         seg.ids.frombytes(np.asarray(turn.prompt_ids, dtype=np.int32).tobytes())

@@ -40,7 +40,7 @@ import numpy as np
 from rlgw.gateway import metrics
 from rlgw.gateway.backend import GenerationResult, new_rid
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded
-from rlgw.gateway.ledger import Cause, Policy, TurnCommit, Violation, message_digest
+from rlgw.gateway.ledger import Cause, Policy, TurnCommit, Violation, check_sampled, message_digest
 from rlgw.gateway.limits import turn_generated, turn_slot
 from rlgw.gateway.profile import ModelProfile
 from rlgw.gateway.sessions import Session
@@ -294,8 +294,7 @@ async def commit(
         "version": result.weight_version,
     }
     if plan.recorded and ledger is not None and ledger.capturing:
-        if len(result.logprobs) != len(result.output_ids):  # what applying it would refuse, refused now
-            raise ValueError(f"{len(result.output_ids)} output ids but {len(result.logprobs)} logprobs")
+        check_sampled(result.output_ids, result.logprobs)  # what applying would refuse, refused now
         record.update(
             segment=plan.segment,
             replace=plan.replace_last,

@@ -23,6 +23,8 @@ import pytest
 from bench.stub_engine import build_app as build_stub_engine
 from rlgw.gateway import turn as turn_module
 from rlgw.gateway.app import GatewayConfig, create_app
+from rlgw.gateway.ledger import Ledger, Policy
+from rlgw.gateway.sessions import Mode, Session
 from tests.support.procs import serve_in_thread
 
 KEY = "settle-tenant-key-0123456789"
@@ -122,13 +124,14 @@ def test_a_turn_that_cannot_be_applied_is_answered_and_its_session_records_nothi
     assert done["samples"] == [] and {r["reason"] for r in done["rejects"]} == {"capture_invalid"}
 
 
+def _recording_session(session_id: str) -> Session:
+    return Session(session_id, "t", "task", Mode.CAPTURE, "r", 0, Policy.SEGMENT, {}, {}, ledger=Ledger())
+
+
 async def test_a_turn_that_ends_after_its_request_settles_at_once() -> None:
     # A scope left in a context copied from a request that already ended (a stream generator
     # finalized later, say) must not wait for that request: its session would stay locked.
-    from rlgw.gateway.ledger import Ledger, Policy
-    from rlgw.gateway.sessions import Mode, Session
-
-    sess = Session("s", "t", "task", Mode.CAPTURE, "r", 0, Policy.SEGMENT, {}, {}, ledger=Ledger())
+    sess = _recording_session("s")
     with turn_module.settle_after_reply():
         ctx = contextvars.copy_context()
 
@@ -141,11 +144,7 @@ async def test_a_turn_that_ends_after_its_request_settles_at_once() -> None:
 
 
 async def test_turns_committed_within_a_request_settle_when_it_ends() -> None:
-    from rlgw.gateway.ledger import Ledger, Policy
-    from rlgw.gateway.sessions import Mode, Session
-
-    sess = Session("s", "t", "task", Mode.CAPTURE, "r", 0, Policy.SEGMENT, {}, {}, ledger=Ledger())
-    other = Session("o", "t", "task", Mode.CAPTURE, "r", 0, Policy.SEGMENT, {}, {}, ledger=Ledger())
+    sess, other = _recording_session("s"), _recording_session("o")
     with turn_module.settle_after_reply():
         async with turn_module.turn_scope(sess) as turn:
             turn.committed = True

@@ -1,4 +1,4 @@
-"""`Http1Transport`: the engine hop as plain HTTP/1.1 over pooled asyncio streams.
+"""`Http1Transport`: the engine hop as plain HTTP/1.1 over pooled keep-alive connections.
 
 The gateway talks to one engine URL, always the same few requests: it needs keep-alive,
 `Content-Length` and chunked bodies, and timeouts, and none of a general client's machinery
@@ -7,16 +7,22 @@ one `/generate` call costs 0.13 ms less than through aiohttp at 1k prompt ids an
 at 32k (the head and the body go out in one write), measured against bench/stub_engine.py on
 this machine. `http://` only: `AiohttpTransport` serves `https://` engines.
 
-Connections are reused only after a response was read to its end; a connection the engine
-closed while idle is dropped before use; any failure or cancellation mid-exchange closes it.
-One race is left, the keep-alive race every HTTP/1.1 client meets: the engine's idle timeout
-(uvicorn's, and so SGLang's: 5 s) closes a pooled connection just as a request goes out on it,
-and the reply is an end of stream or a reset before its first byte. Such a request is sent once
-more, on a new connection (it failed a turn with a 502 in bench/gateway.py's load run): the
-engine closed that connection without answering, and if it had begun to generate, nothing of
-that work reached the gateway, so nothing is recorded twice. Errors are the transport's
-(`ConnectFailed` only when no connection was made, so a caller's retry never repeats a
-request the engine may be answering).
+Each connection is an `asyncio.Protocol` that gathers the bytes it receives and wakes its reader
+once, when the bytes the reader waits for (a whole head, a whole body, a whole chunk) are there:
+asyncio's streams wake it per arrival and wrap each read in a timeout scope of its own, which cost
+a `/generate` call about 0.1 ms more CPU (bench/engine_hop.py). One timer per wait holds the
+deadline.
+
+Connections are reused only after a response was read to its end with nothing after it; a
+connection the engine closed while idle is dropped before use; any failure or cancellation
+mid-exchange closes it. One race is left, the keep-alive race every HTTP/1.1 client meets: the
+engine's idle timeout (uvicorn's, and so SGLang's: 5 s) closes a pooled connection just as a
+request goes out on it, and the reply is an end of stream or a reset before its first byte. Such
+a request is sent once more, on a new connection (it failed a turn with a 502 in
+bench/gateway.py's load run): the engine closed that connection without answering, and if it
+had begun to generate, nothing of that work reached the gateway, so nothing is recorded twice.
+Errors are the transport's (`ConnectFailed` only when no connection was made, so a caller's
+retry never repeats a request the engine may be answering).
 """
 
 from __future__ import annotations
@@ -24,25 +30,138 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import cast
 from urllib.parse import urlsplit
 
 from rlgw.gateway.transport import ConnectFailed, ReadTimeout, TransportError
 
-_MAX_HEAD = 64 * 1024  # bytes of status line and headers an engine reply may have
+_MAX_HEAD = 64 * 1024  # bytes of status line and headers (or of a chunk's size line) a reply may have
 
 
-class _Connection:
-    __slots__ = ("reader", "writer")
+class _Cut(Exception):
+    """The connection ended before the bytes a reader waited for; `partial`: whether any of the
+    reply had arrived."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, partial: bool, error: Exception | None) -> None:
+        said = "mid-reply" if partial else "before answering"
+        super().__init__(f"the engine closed the connection {said}" + (f" ({error!r})" if error else ""))
+        self.partial = partial
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection: received bytes gather in `buffer`; `fill` waits for enough."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.ended = False  # the engine closed its side, or the connection is gone
+        self.error: Exception | None = None
+        self._need = 0
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- the protocol (called by the event loop)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if len(self.buffer) >= self._need:
+            self._wake()
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        self._wake()
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
+        self.error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- the reader's side
 
     def usable(self) -> bool:
-        return not (self.reader.at_eof() or self.writer.is_closing())
+        """Open, and holding no stray bytes (the previous reply was read exactly to its end)."""
+        return not (self.ended or self.buffer or self.transport is None or self.transport.is_closing())
 
     def close(self) -> None:
-        self.writer.close()
+        self.ended = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def fill(self, need: int, deadline: float) -> None:
+        """Wait until `buffer` holds `need` bytes; `_Cut` if the connection ends first,
+        `TimeoutError` at `deadline` (the loop's clock)."""
+        while len(self.buffer) < need:
+            if self.ended:  # an end of stream or a reset: the same to the reader
+                raise _Cut(bool(self.buffer), self.error)
+            self._need = need
+            waiter = self._waiter = self.loop.create_future()
+            timer = self.loop.call_at(deadline, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+
+    async def line(self, deadline: float) -> bytes:
+        """Bytes up to the next CRLF (taken from `buffer` with it)."""
+        start = 0
+        while (end := self.buffer.find(b"\r\n", start)) < 0:
+            if len(self.buffer) > _MAX_HEAD:
+                raise ValueError("the engine's reply has a line too long")
+            start = max(0, len(self.buffer) - 1)
+            await self.fill(len(self.buffer) + 1, deadline)
+        data = bytes(self.buffer[:end])
+        del self.buffer[: end + 2]
+        return data
+
+    async def head(self, deadline: float) -> bytes:
+        """The reply's status line and headers (taken from `buffer` with the blank line)."""
+        start = 0
+        while (end := self.buffer.find(b"\r\n\r\n", start)) < 0:
+            if len(self.buffer) > _MAX_HEAD:
+                raise ValueError("the engine's reply head is too long")
+            start = max(0, len(self.buffer) - 3)
+            await self.fill(len(self.buffer) + 1, deadline)
+        data = bytes(self.buffer[:end])
+        del self.buffer[: end + 4]
+        return data
+
+    async def take(self, size: int, deadline: float) -> bytes:
+        """Exactly `size` bytes."""
+        await self.fill(size, deadline)
+        if len(self.buffer) == size:
+            data = bytes(self.buffer)
+            self.buffer.clear()
+        else:
+            data = bytes(self.buffer[:size])
+            del self.buffer[:size]
+        return data
+
+    async def rest(self, deadline: float) -> bytes:
+        """Everything until the engine closes the connection."""
+        try:
+            while True:
+                await self.fill(len(self.buffer) + 1, deadline)
+        except _Cut:
+            if self.error is not None:
+                raise  # a reset, not the end of the body
+        data = bytes(self.buffer)
+        self.buffer.clear()
+        return data
 
 
 @contextlib.contextmanager
@@ -54,22 +173,12 @@ def _failures(close: Callable[[], None], timed_out: str, failed: str) -> Iterato
     except TimeoutError as exc:
         close()
         raise ReadTimeout(timed_out) from exc
-    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+    except (OSError, _Cut, ValueError) as exc:
         close()
         raise TransportError(f"{failed}: {exc!r}") from exc
     except BaseException:
         close()
         raise
-
-
-async def _read_chunk(reader: asyncio.StreamReader, limit_s: float) -> bytes:
-    """One chunk of a chunked body (b"" for the last), read within `limit_s` seconds."""
-    async with asyncio.timeout(limit_s):
-        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
-        chunk = await reader.readexactly(size + 2)  # the data and its CRLF
-    if size == 0:
-        return b""
-    return chunk[:-2]
 
 
 class _Reply:
@@ -84,25 +193,43 @@ class _Reply:
         self._length = length  # None: chunked; -1: until the engine closes the connection
         self._keep = keep
 
-    async def _chunks(self) -> AsyncIterator[bytes]:
+    def _taken(self) -> _Connection:
         conn = self._conn
         assert conn is not None, "the body was read already"
-        reader, timeout = conn.reader, self._transport.read_timeout
-        with _failures(self._drop, "the engine stopped sending its reply", "the engine's reply broke off"):
-            if self._length is None:
-                while chunk := await _read_chunk(reader, timeout):
-                    yield chunk
-            else:
-                async with asyncio.timeout(timeout):
-                    body = await (reader.read() if self._length < 0 else reader.readexactly(self._length))
-                yield body
         self._conn = None
-        # A body that ended with the connection leaves nothing to reuse.
-        self._transport.release(conn, self._keep and (self._length is None or self._length >= 0))
+        return conn
+
+    def _broken(self, conn: _Connection) -> contextlib.AbstractContextManager[None]:
+        return _failures(conn.close, "the engine stopped sending its reply", "the engine's reply broke off")
+
+    def _deadline(self, conn: _Connection) -> float:
+        return conn.loop.time() + self._transport.read_timeout
 
     async def read(self) -> bytes:
         """The whole body."""
-        return b"".join([chunk async for chunk in self._chunks()])
+        if self._length is None:
+            return b"".join([chunk async for chunk in self._chunks()])
+        conn = self._taken()
+        with self._broken(conn):
+            if self._length >= 0:
+                body = await conn.take(self._length, self._deadline(conn))
+            else:
+                body = await conn.rest(self._deadline(conn))
+        self._transport.release(conn, self._keep and self._length >= 0)
+        return body
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        if self._length is not None:
+            yield await self.read()
+            return
+        conn = self._taken()
+        with self._broken(conn):
+            # Each chunk within the read timeout of its own, as the engine streams.
+            while size := int((await conn.line(self._deadline(conn))).split(b";", 1)[0], 16):
+                chunk = await conn.take(size + 2, self._deadline(conn))  # the data and its CRLF
+                yield chunk[:-2]
+            await conn.take(2, self._deadline(conn))  # the last chunk's CRLF (no trailers are sent)
+        self._transport.release(conn, self._keep)
 
     async def lines(self) -> AsyncIterator[bytes]:
         """The body line by line (each with its line end; the last one may have none)."""
@@ -116,18 +243,14 @@ class _Reply:
                     yield line + b"\n"
         finally:
             await chunks.aclose()
-            self._drop()  # closed early: the rest of the body is unread
+            await self.close()  # closed early: the rest of the body is unread
         if rest:
             yield rest
 
     async def close(self) -> None:
         """Give up on the body (its connection is closed, not reused)."""
-        self._drop()
-
-    def _drop(self) -> None:
         if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+            self._taken().close()
 
 
 class Http1Transport:
@@ -163,12 +286,13 @@ class Http1Transport:
         return await self._open(), False
 
     async def _open(self) -> _Connection:
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
-                reader, writer = await asyncio.open_connection(self._host, self._port, limit=_MAX_HEAD)
+                _, conn = await loop.create_connection(lambda: _Connection(loop), self._host, self._port)
         except (OSError, TimeoutError) as exc:
             raise ConnectFailed(f"cannot connect to {self._host}:{self._port}: {exc!r}") from exc
-        return _Connection(reader, writer)
+        return conn
 
     def release(self, conn: _Connection, keep: bool) -> None:
         """Return a connection whose reply was read to its end to the pool (or close it)."""
@@ -191,24 +315,26 @@ class Http1Transport:
             if pooled:
                 try:
                     return await self._exchange(conn, data)
-                except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as exc:
-                    if isinstance(exc, asyncio.IncompleteReadError) and exc.partial:
+                except _Cut as exc:
+                    if exc.partial:
                         raise  # the engine had begun to answer
+                except (ConnectionResetError, BrokenPipeError):
+                    pass  # the write found the connection gone
                 conn = await self._open()  # the keep-alive race (see the module docstring)
             return await self._exchange(conn, data)
 
     async def _exchange(self, conn: _Connection, data: bytes) -> _Reply:
         """Write the request and read the reply's head; any failure closes the connection."""
         try:
-            conn.writer.write(data)
-            async with asyncio.timeout(self.read_timeout):
-                return self._head(conn, await conn.reader.readuntil(b"\r\n\r\n"))
+            assert conn.transport is not None
+            conn.transport.write(data)
+            return self._head(conn, await conn.head(conn.loop.time() + self.read_timeout))
         except BaseException:
             conn.close()
             raise
 
     def _head(self, conn: _Connection, raw: bytes) -> _Reply:
-        lines = raw[:-4].split(b"\r\n")
+        lines = raw.split(b"\r\n")
         version, status = lines[0].split(b" ", 2)[:2]
         length: int | None = -1  # neither header: the body ends when the connection does
         keep = version == b"HTTP/1.1"

@@ -1,15 +1,17 @@
 """`Http1Transport` against a real uvicorn server (replies, streams, keep-alive, timeouts), and
 against a raw socket server for the faults uvicorn will not produce on demand (a connection closed
-while idle, a body cut short)."""
+while idle, a body cut short); each on asyncio's loop and on uvloop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import orjson
 import pytest
+import uvloop
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -92,9 +94,11 @@ async def test_a_chunked_stream_comes_line_by_line(server: str) -> None:
         b'data: {"a": 2}\n',
         b"data: [DONE]\n",
     ]
+    reply = await transport.request("POST", "/stream", b"{}", {})
+    assert await reply.read() == b'data: {"a": 1}\n\ndata: {"a": 2}\n\ndata: [DONE]\n\n'
     reply = await transport.request("POST", "/echo", b"", {})
     await reply.read()
-    assert len(set(PEERS)) == 1  # the stream read to its end left the connection reusable
+    assert len(set(PEERS)) == 1  # the streams read to their ends left the connection reusable
     await transport.aclose()
 
 
@@ -264,3 +268,29 @@ async def test_a_body_without_a_length_ends_with_the_connection() -> None:
     async with _raw_engine(handle) as transport:
         reply = await transport.request("GET", "/", None, {})
         assert reply.status == 200 and await reply.read() == b"all of it"
+
+
+# ------------------------------------------------------------------- the same on uvloop
+
+_CASES = [
+    test_replies_are_read_whole_and_connections_reused,
+    test_a_chunked_stream_comes_line_by_line,
+    test_a_stream_left_early_does_not_give_its_connection_back,
+    test_no_listener_is_a_connect_failure,
+    test_an_engine_that_does_not_answer_times_out,
+    test_a_cancelled_request_closes_its_connection,
+    test_a_connection_the_engine_closed_while_idle_is_not_used,
+    test_a_pooled_connection_closed_as_the_request_goes_out_is_retried_on_a_new_one,
+    test_a_new_connection_closed_before_an_answer_is_not_retried,
+    test_a_pooled_connection_cut_mid_head_is_not_retried,
+    test_a_body_cut_short_is_a_transport_error,
+    test_a_body_without_a_length_ends_with_the_connection,
+]
+
+
+@pytest.mark.parametrize("case", _CASES, ids=[case.__name__[5:] for case in _CASES])
+def test_on_uvloop(case: Callable[..., Awaitable[None]], server: str) -> None:
+    # `rlgw serve` runs on uvloop (uvicorn's choice when it is installed): its transports are not
+    # asyncio's classes, and its callbacks run in another order.
+    takes_server = "server" in inspect.signature(case).parameters
+    uvloop.run(case(server) if takes_server else case())

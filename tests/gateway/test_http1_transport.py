@@ -270,6 +270,36 @@ async def test_a_body_without_a_length_ends_with_the_connection() -> None:
         assert reply.status == 200 and await reply.read() == b"all of it"
 
 
+async def test_a_stream_read_slowly_holds_the_engine_back() -> None:
+    # 32 MiB of stream, read one line and then left alone: the transport stops reading (TCP
+    # backpressure), so neither its buffer nor what the engine got to send grows without bound.
+    line = b"data: " + b"x" * (64 * 1024 - 7) + b"\n"
+    lines, sent = 512, 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(lines):
+            writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+            await writer.drain()
+            sent += len(line)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async with _raw_engine(handle) as transport:
+        reply = await transport.request("POST", "/generate", b"{}", {})
+        conn = reply._conn
+        assert conn is not None
+        stream = reply.lines()
+        assert await anext(stream) == line
+        await asyncio.sleep(0.3)
+        assert len(conn.buffer) <= 1024 * 1024
+        assert sent < lines * len(line) // 2
+        rest = [chunk async for chunk in stream]
+        assert rest == [line] * (lines - 1) and sent == lines * len(line)
+
+
 # ------------------------------------------------------------------- the same on uvloop
 
 _CASES = [
@@ -285,6 +315,7 @@ _CASES = [
     test_a_pooled_connection_cut_mid_head_is_not_retried,
     test_a_body_cut_short_is_a_transport_error,
     test_a_body_without_a_length_ends_with_the_connection,
+    test_a_stream_read_slowly_holds_the_engine_back,
 ]
 
 

@@ -21,7 +21,7 @@ own), with the real Qwen3 tokenizer and chat template:
 
 Run it on a quiet machine; the load average is printed beside the figures.
 
-    python -m bench.gateway [--sessions 100] [--turns 40] [--load 64,256] [--load-rounds 3] [--no-litellm]
+    python -m bench.gateway [--sessions 200] [--turns 40] [--load 64,256] [--load-rounds 3] [--no-litellm]
 """
 
 from __future__ import annotations
@@ -422,7 +422,10 @@ def run_loads(gw: str, gw_pid: int, stub: str, work: Workload, args: argparse.Na
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--sessions", type=int, default=100, help="agent loops in the growing-history run (1k: one turn each)"
+        "--sessions",
+        type=int,
+        default=200,
+        help="agent loops in the growing-history run (1k has one turn in each: its p99 needs a few hundred)",
     )
     ap.add_argument("--turns", type=int, default=40, help="turns per agent loop")
     ap.add_argument("--tool-tokens", type=int, default=800, help="tokens of tool output per turn")

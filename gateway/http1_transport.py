@@ -325,11 +325,9 @@ class Http1Transport:
             if pooled:
                 try:
                     return await self._exchange(conn, data)
-                except _Cut as exc:
+                except _Cut as exc:  # an end of stream or a reset (a write never raises: the read sees it)
                     if exc.partial:
                         raise  # the engine had begun to answer
-                except (ConnectionResetError, BrokenPipeError):
-                    pass  # the write found the connection gone
                 conn = await self._open()  # the keep-alive race (see the module docstring)
             return await self._exchange(conn, data)
 

@@ -61,7 +61,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport  # set by connection_made, before the connection is handed out
         self.buffer = bytearray()
         self.ended = False  # the engine closed its side, or the connection is gone
         self.error: Exception | None = None
@@ -78,7 +78,7 @@ class _Connection(asyncio.Protocol):
         self.buffer += data
         if len(self.buffer) >= self._need:
             self._wake()
-            if len(self.buffer) > _HIGH_WATER and self.transport is not None and not self._paused:
+            if len(self.buffer) > _HIGH_WATER and not self._paused:
                 self._paused = True
                 self.transport.pause_reading()
 
@@ -101,12 +101,11 @@ class _Connection(asyncio.Protocol):
 
     def usable(self) -> bool:
         """Open, and holding no stray bytes (the previous reply was read exactly to its end)."""
-        return not (self.ended or self.buffer or self.transport is None or self.transport.is_closing())
+        return not (self.ended or self.buffer or self.transport.is_closing())
 
     def close(self) -> None:
         self.ended = True
-        if self.transport is not None:
-            self.transport.close()
+        self.transport.close()
 
     async def fill(self, need: int, deadline: float) -> None:
         """Wait until `buffer` holds `need` bytes; `_Cut` if the connection ends first,
@@ -115,7 +114,7 @@ class _Connection(asyncio.Protocol):
             if self.ended:  # an end of stream or a reset: the same to the reader
                 raise _Cut(bool(self.buffer), self.error)
             self._need = need
-            if self._paused and self.transport is not None:
+            if self._paused:
                 self._paused = False
                 self.transport.resume_reading()
             waiter = self._waiter = self.loop.create_future()
@@ -126,28 +125,17 @@ class _Connection(asyncio.Protocol):
                 timer.cancel()
                 self._waiter = None
 
-    async def line(self, deadline: float) -> bytes:
-        """Bytes up to the next CRLF (taken from `buffer` with it)."""
+    async def until(self, marker: bytes, deadline: float) -> bytes:
+        """Bytes up to the next `marker` (taken from `buffer` with it): a chunk's size line, or
+        a reply's status line and headers."""
         start = 0
-        while (end := self.buffer.find(b"\r\n", start)) < 0:
+        while (end := self.buffer.find(marker, start)) < 0:
             if len(self.buffer) > _MAX_HEAD:
-                raise ValueError("the engine's reply has a line too long")
-            start = max(0, len(self.buffer) - 1)
+                raise ValueError(f"no {marker!r} in the engine's reply within {_MAX_HEAD} bytes")
+            start = max(0, len(self.buffer) - len(marker) + 1)
             await self.fill(len(self.buffer) + 1, deadline)
         data = bytes(self.buffer[:end])
-        del self.buffer[: end + 2]
-        return data
-
-    async def head(self, deadline: float) -> bytes:
-        """The reply's status line and headers (taken from `buffer` with the blank line)."""
-        start = 0
-        while (end := self.buffer.find(b"\r\n\r\n", start)) < 0:
-            if len(self.buffer) > _MAX_HEAD:
-                raise ValueError("the engine's reply head is too long")
-            start = max(0, len(self.buffer) - 3)
-            await self.fill(len(self.buffer) + 1, deadline)
-        data = bytes(self.buffer[:end])
-        del self.buffer[: end + 4]
+        del self.buffer[: end + len(marker)]
         return data
 
     async def take(self, size: int, deadline: float) -> bytes:
@@ -235,7 +223,7 @@ class _Reply:
         conn = self._taken()
         with self._broken(conn):
             # Each chunk within the read timeout of its own, as the engine streams.
-            while size := int((await conn.line(self._deadline(conn))).split(b";", 1)[0], 16):
+            while size := int((await conn.until(b"\r\n", self._deadline(conn))).split(b";", 1)[0], 16):
                 chunk = await conn.take(size + 2, self._deadline(conn))  # the data and its CRLF
                 yield chunk[:-2]
             await conn.take(2, self._deadline(conn))  # the last chunk's CRLF (no trailers are sent)
@@ -334,9 +322,8 @@ class Http1Transport:
     async def _exchange(self, conn: _Connection, data: bytes) -> _Reply:
         """Write the request and read the reply's head; any failure closes the connection."""
         try:
-            assert conn.transport is not None
             conn.transport.write(data)
-            return self._head(conn, await conn.head(conn.loop.time() + self.read_timeout))
+            return self._head(conn, await conn.until(b"\r\n\r\n", conn.loop.time() + self.read_timeout))
         except BaseException:
             conn.close()
             raise

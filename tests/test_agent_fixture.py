@@ -92,7 +92,8 @@ def test_each_cli_prompt_tail_gets_its_call_and_a_result_gets_the_answer() -> No
 def test_the_embedded_engine_answers_the_whole_prompts(tmp_path: Path) -> None:
     tok = AutoTokenizer.from_pretrained(str(MODEL))
     with engine_server(MODEL) as engine:
-        for name, prompt, want in prompts(tok):
+        # Every prompt but Claude Code's second (its first with more tools, far before the tail).
+        for name, prompt, want in [p for p in prompts(tok) if p[0] != "claude-code-1"]:
             ids = tok.encode(prompt, add_special_tokens=False)
             assert len(ids) > TAIL, (name, len(ids))  # the whole prompt, past the window
             r = httpx.post(

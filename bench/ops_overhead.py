@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from rlgw.gateway import metrics
-from rlgw.gateway.edge import Edge
-from rlgw.gateway.limits import Limits, LimitTable, turn_generated, turn_slot
+from rlgw.gateway.http.edge import Edge
+from rlgw.gateway.tenancy.limits import Limits, LimitTable, turn_generated, turn_slot
 
 
 async def _bare(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -3,7 +3,7 @@
 On the real Qwen3 tokenizer (and SmolLM2's), encodes tool-output-like text of about 800 and
 8000 tokens, ASCII (shell output, code) and mixed-script (CJK, Cyrillic, emoji), with each
 encoder the gateway could use: HF `tokenizers` (the reference), fastokens (what
-`gateway/fast_tokenizer.py` selects), and bpe-qwen 0.1.5 (the encoder before it) when it is
+`gateway/model/fast_tokenizer.py` selects), and bpe-qwen 0.1.5 (the encoder before it) when it is
 installed (`pip install bpe-qwen==0.1.5`). Every encoder's ids are checked equal to HF's first.
 Prints the median microseconds per call and each encoder's speed-up over HF and over fastokens.
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from transformers import AutoTokenizer
 
 from bench.gateway import filler, qwen3_tokenizer_dir
-from rlgw.gateway.fast_tokenizer import FastokensEncoder, HFEncoder, select_encoder
+from rlgw.gateway.model.fast_tokenizer import FastokensEncoder, HFEncoder, select_encoder
 
 MIXED = "数学是研究数量、结构以及空间等概念的学科。 русский текст, Ελληνικά, émoji 🎉 ok\n"
 

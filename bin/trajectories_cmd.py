@@ -1,7 +1,8 @@
 """`rlgw trajectories list|show|export|view`: read a trajectory store's SQLite file directly, read-only.
 
 This module owns the command line and the export formats (JSONL, Parquet); the on-disk
-format belongs to `rlgw.gateway.store` and the web pages of `view` to `rlgw.gateway.viewer`.
+format belongs to `rlgw.gateway.trajectories.store` and the web pages of `view` to
+`rlgw.gateway.viewer.routes`.
 It works with the gateway running or stopped.
 """
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from rlgw.gateway.store import StoredSample, TrajectoryStore
+    from rlgw.gateway.trajectories.store import StoredSample, TrajectoryStore
 
 EXAMPLES = """\
 examples:
@@ -84,7 +85,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Open the store read-only and run the chosen action; exit code 2 if there is no store."""
-    from rlgw.gateway.store import StoreError, TrajectoryStore, default_data_dir
+    from rlgw.gateway.trajectories.store import StoreError, TrajectoryStore, default_data_dir
 
     data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
     if args.action == "view":
@@ -109,8 +110,8 @@ def _view(data_dir: Path, args: argparse.Namespace) -> int:
     import uvicorn
 
     from rlgw.bin.serve_cmd import port_in_use
-    from rlgw.gateway.store import StoreError, TrajectoryStore
-    from rlgw.gateway.viewer import viewer_app
+    from rlgw.gateway.trajectories.store import StoreError, TrajectoryStore
+    from rlgw.gateway.viewer.routes import viewer_app
 
     if problem := port_in_use(args.host, args.port):
         print(f"rlgw trajectories view: {problem}", file=sys.stderr)

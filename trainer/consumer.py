@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rlgw.gateway.client import GatewayClient, StoredTrajectory
 from rlgw.gateway.sample import Sample, SampleStatus
+from rlgw.gateway.trajectories.client import GatewayClient, StoredTrajectory
 from rlgw.trainer.batch import Rollout
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rlgw.gateway.ledger import (
+from rlgw.gateway.ledger.ledger import (
     Cause,
     Ledger,
     TurnCommit,

@@ -135,5 +135,7 @@ def test_the_gateway_imports_nothing_of_rlgw_outside_it() -> None:
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
-            outside += [f"{path}: {n}" for n in names if n.startswith("rlgw.") and not n.startswith("rlgw.gateway")]
+            outside += [
+                f"{path}: {n}" for n in names if n.startswith("rlgw.") and not n.startswith("rlgw.gateway")
+            ]
     assert not outside, outside

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from rlgw.gateway import metrics
-from rlgw.gateway.http.edge import Edge
+from rlgw.gateway.serving.edge import Edge
 from rlgw.gateway.tenancy.limits import Limits, LimitTable, turn_generated, turn_slot
 
 

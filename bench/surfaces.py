@@ -157,7 +157,7 @@ def translation_cost(surfaces: list[Surface], number: int = 200) -> dict[str, fl
     ChatCompletion every surface starts from is built by the shared turn, so it is left out)."""
     from rlgw.gateway.surfaces.anthropic import api as anthropic_api
     from rlgw.gateway.surfaces.anthropic import translate as at
-    from rlgw.gateway.surfaces.chat_completions.api import ChatCompletionRequest, chat_params
+    from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params
     from rlgw.gateway.surfaces.responses import api as responses_api
     from rlgw.gateway.surfaces.responses import translate as rt
 

@@ -23,15 +23,16 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from rlgw.gateway.engine_client.backend import SGLangBackend
-from rlgw.gateway.errors import StartupError, UpstreamError, install_error_handlers, json_response
+from rlgw.gateway.errors import StartupError, UpstreamError
 from rlgw.gateway.http.body_limits import RequestCaps
-from rlgw.gateway.http.edge import Edge
-from rlgw.gateway.http.io import SESSION_ROUTES
+from rlgw.gateway.http.errors import install_error_handlers, json_response
 from rlgw.gateway.ledger.ledger import Policy
 from rlgw.gateway.metrics import MeteredBackend
 from rlgw.gateway.model.profile import ModelProfile, build_profile
 from rlgw.gateway.model.template_probe import probe_template
 from rlgw.gateway.ops import api as ops_api
+from rlgw.gateway.serving.edge import Edge
+from rlgw.gateway.serving.routing import SESSION_ROUTES
 from rlgw.gateway.sessions import api as sessions_api
 from rlgw.gateway.sessions.journal import SessionJournal
 from rlgw.gateway.sessions.table import SessionTable
@@ -40,7 +41,7 @@ from rlgw.gateway.surfaces.chat_completions import api as openai_api
 from rlgw.gateway.surfaces.completions import api as completions
 from rlgw.gateway.surfaces.responses import api as responses_api
 from rlgw.gateway.tenancy import admin_api
-from rlgw.gateway.tenancy.limits import Limits, LimitTable, RateLimited, handle_rate_limited
+from rlgw.gateway.tenancy.limits import Limits, LimitTable
 from rlgw.gateway.tenancy.store import TenantStore
 from rlgw.gateway.tenancy.tenants import KeyTable
 from rlgw.gateway.trajectories import api as trajectories_api
@@ -203,7 +204,6 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.state.request_caps = config.request_caps
     app.state.template_mismatch_allowed = config.allow_template_mismatch
     install_error_handlers(app)
-    app.add_exception_handler(RateLimited, handle_rate_limited)
     # The one middleware: meter, body cap and limits for every request, and the turn routes.
     app.edge = {
         "table": app.state.limits,

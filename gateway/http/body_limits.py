@@ -6,8 +6,8 @@ one (chunked) is counted as it arrives and the read that crosses the cap raises
 `BodyTooLarge`, which the app's HTTPException handler answers as 413 in OpenAI's error
 format. Nothing is buffered here.
 
-The message and tool caps need the parsed JSON, which only the surfaces have: they call
-`check_counts(doc, caps)` on the body they parsed (no second parse). This module knows no
+The message and tool caps need the parsed JSON: `parse_body` reads a turn's JSON body and checks
+them on it (no second parse). This module knows no
 surface's request shape beyond the `messages`/`input` and `tools` lists.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
 
 from rlgw.gateway import metrics
 from rlgw.gateway.errors import InvalidRequest
@@ -118,3 +119,16 @@ async def send_413(send: Callable[..., Any], cap: int) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def parse_body(request: Request) -> dict[str, Any]:
+    """The JSON object body of a request (400 if it is not one, or if it carries more messages or
+    tools than the gateway's caps allow)."""
+    try:
+        doc = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    check_counts(doc, request.app.state.request_caps)
+    return doc

@@ -21,7 +21,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from rlgw.gateway import metrics
-from rlgw.gateway.errors import AuthError, json_response
+from rlgw.gateway.errors import AuthError
+from rlgw.gateway.http.errors import json_response
 from rlgw.gateway.tenancy.limits import open_in
 from rlgw.gateway.tenancy.tenants import bearer_key
 

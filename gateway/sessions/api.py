@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from rlgw.gateway import metrics
-from rlgw.gateway.errors import InvalidRequest, json_response
+from rlgw.gateway.errors import InvalidRequest
+from rlgw.gateway.http.errors import json_response
 from rlgw.gateway.ledger.ledger import Policy, Segment
 from rlgw.gateway.sample import RejectReason, SampleRejected, SampleStatus, validate_sample
 from rlgw.gateway.sessions.table import Mode, Session

@@ -18,6 +18,7 @@ from typing import Any
 from rlgw.gateway.errors import Conflict, NotFound
 from rlgw.gateway.ledger.ledger import Ledger, Policy
 from rlgw.gateway.sessions.journal import JournaledSession, SessionJournal
+from rlgw.gateway.sessions.replay import apply_record
 from rlgw.gateway.tenancy.tenants import KeyTable, key_digest
 
 
@@ -155,8 +156,6 @@ class SessionTable:
 
     def restore(self, saved: JournaledSession) -> Session:
         """Hold a session the journal kept: its settings, its key, and its turns replayed."""
-        from rlgw.gateway.turns.lifecycle import apply_record  # turn.py builds on this module
-
         doc = saved.doc
         mode = Mode(doc["mode"])
         session = Session(

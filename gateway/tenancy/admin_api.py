@@ -18,7 +18,8 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from rlgw.gateway.errors import NotFound, json_response
+from rlgw.gateway.errors import NotFound
+from rlgw.gateway.http.errors import json_response
 from rlgw.gateway.tenancy.limits import Limits, LimitTable, open_in
 from rlgw.gateway.tenancy.store import TenantStore, check_name
 from rlgw.gateway.tenancy.tenants import KeyTable, require_admin

@@ -24,11 +24,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from fastapi import Request
-from starlette.responses import Response
-
 from rlgw.gateway import metrics
-from rlgw.gateway.errors import APIError, NotFound, UpstreamError, json_response
+from rlgw.gateway.errors import APIError, NotFound, UpstreamError
 
 WINDOW_S = 60
 
@@ -72,14 +69,8 @@ class RateLimited(APIError):
 
     @property
     def headers(self) -> dict[str, str]:
-        """The response headers this error needs (any surface's error format should send them)."""
+        """`Retry-After` in whole seconds."""
         return {"Retry-After": str(self.retry_after)}
-
-
-async def handle_rate_limited(request: Request, exc: Exception) -> Response:
-    """FastAPI handler: `RateLimited` -> 429, OpenAI body, `Retry-After` in whole seconds."""
-    assert isinstance(exc, RateLimited)
-    return json_response(exc.status, exc.body(), headers=exc.headers)
 
 
 class TokenWindow:

@@ -40,8 +40,9 @@ import numpy as np
 from rlgw.gateway import metrics
 from rlgw.gateway.engine_client.backend import GenerationResult, new_rid
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded
-from rlgw.gateway.ledger.ledger import Cause, Policy, TurnCommit, Violation, check_sampled, message_digest
+from rlgw.gateway.ledger.ledger import Cause, Policy, Violation, check_sampled, message_digest
 from rlgw.gateway.model.profile import ModelProfile
+from rlgw.gateway.sessions.replay import apply_record
 from rlgw.gateway.sessions.table import Session
 from rlgw.gateway.tenancy.limits import turn_generated, turn_slot
 
@@ -327,46 +328,3 @@ async def commit(
         await session.journal.turn(session.id, record)
     turn.committed, turn.record, turn.committed_at = True, record, time.monotonic()
     turn.generated, turn.surface = len(result.output_ids), plan.surface
-
-
-def apply_record(session: Session, record: dict[str, Any], *, committed_at: float = 0.0) -> None:
-    """Apply one committed turn's record to the session (live, or replayed from the journal)."""
-    if record.get("context_exhausted"):
-        session.termination_reason = "context_length_exceeded"
-    ledger = session.ledger
-    if ledger is None:
-        return
-    if record.get("invalidate") is not None:
-        ledger.invalidate(record["invalidate"])
-        log.warning(
-            "capture turned off", extra={"fields": {"session": session.id, "reason": record["invalidate"]}}
-        )
-    spec = record.get("commit")
-    if spec is None or not ledger.capturing:
-        return
-    if record.get("segment") is not None:
-        ledger.new_segment(*record["segment"])
-    seg = ledger.current
-    if record.get("replace"):
-        old = ledger.rollback_last_turn()
-        seg.note("replaced_turns", {"turn": len(seg.turns), "rid": old.rid, "response_id": old.response_id})
-        log.info("turn retried", extra={"fields": {"session": session.id, "replaced_rid": old.rid}})
-    for index, how in record.get("echo_matches") or ():
-        seg.note("echo_matches", {"turn": index, "how": how})
-    for index, what in record.get("echo_edits") or ():
-        seg.note("echo_edits", {"turn": index, "field": what})
-    if record.get("overridden"):
-        seg.note("agent_sampling", {"turn": len(seg.turns), **record["overridden"]})
-    ledger.commit(
-        TurnCommit(
-            **{
-                **spec,
-                "tool_call_ids": tuple(spec["tool_call_ids"]),
-                "calls": tuple(tuple(c) for c in spec["calls"]),
-                "version_spans": [tuple(v) for v in spec["version_spans"]],
-                "history": tuple(spec["history"]) if spec.get("history") else None,
-                "committed_at": committed_at,
-            }
-        ),
-        record["version"],
-    )

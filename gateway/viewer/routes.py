@@ -32,7 +32,8 @@ from fastapi import Path as PathParam
 from starlette.exceptions import HTTPException
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
-from rlgw.gateway.errors import APIError, AuthError, InvalidRequest, NotFound, json_response
+from rlgw.gateway.errors import APIError, AuthError, InvalidRequest, NotFound
+from rlgw.gateway.http.errors import json_response
 from rlgw.gateway.parsing.tool_calls import detect_tool_format
 from rlgw.gateway.tenancy.tenants import KeyTable, require_tenant
 from rlgw.gateway.trajectories.api import MAX_CURSOR
@@ -379,7 +380,7 @@ def viewer_app(store: TrajectoryStore, *, scope: str | None = None, tokenizer: A
     """The viewer alone on a store (`rlgw trajectories view`): no gateway, no engine, no keys."""
     from fastapi import FastAPI
 
-    from rlgw.gateway.errors import install_error_handlers
+    from rlgw.gateway.http.errors import install_error_handlers
 
     app = FastAPI(title="rlgw viewer", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)

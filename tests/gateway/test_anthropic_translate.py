@@ -11,7 +11,7 @@ from pydantic import TypeAdapter
 
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.surfaces.anthropic import translate as at
-from rlgw.gateway.surfaces.chat_completions.api import ChatCompletionRequest, chat_params
+from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params
 from tests.support import surface_chunks as sc
 
 CONVERSATION: list[dict[str, Any]] = [

@@ -16,7 +16,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from rlgw.gateway import metrics
-from rlgw.gateway.http.edge import Edge
+from rlgw.gateway.serving.edge import Edge
 from rlgw.gateway.tenancy.limits import LimitTable, turn_generated
 from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.gateway_proc import Gateway, gateway

@@ -24,11 +24,11 @@ from rlgw.gateway.metrics import REGISTRY
 from rlgw.gateway.model.profile import ModelProfile
 from rlgw.gateway.model.render import ChatRenderer
 from rlgw.gateway.sessions.journal import SessionJournal
+from rlgw.gateway.sessions.replay import apply_record
 from rlgw.gateway.sessions.table import Mode, Session
 from rlgw.gateway.turns.lifecycle import (
     Plan,
     Turn,
-    apply_record,
     commit,
     decide,
     duplicate_cause,

@@ -11,7 +11,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.surfaces.chat_completions.api import ChatCompletionRequest, chat_params
+from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params
 from rlgw.gateway.surfaces.responses import translate as rt
 from tests.support import surface_chunks as sc
 

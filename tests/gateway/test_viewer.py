@@ -17,7 +17,7 @@ import pytest
 from fastapi import FastAPI
 from transformers import AutoTokenizer
 
-from rlgw.gateway.errors import install_error_handlers
+from rlgw.gateway.http.errors import install_error_handlers
 from rlgw.gateway.sample import Sample, SampleStatus
 from rlgw.gateway.tenancy.tenants import KeyTable
 from rlgw.gateway.trajectories.store import TrajectoryStore

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import uvicorn
 from fastapi import FastAPI
 
-from rlgw.gateway.errors import install_error_handlers
+from rlgw.gateway.http.errors import install_error_handlers
 from rlgw.gateway.tenancy.tenants import KeyTable
 from rlgw.gateway.trajectories.api import router
 from rlgw.gateway.trajectories.store import TrajectoryStore

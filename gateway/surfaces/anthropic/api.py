@@ -2,42 +2,31 @@
 
 Reachable as `/s/{session_id}/v1/messages` and as `/v1/messages` with the session's key in
 `x-api-key` (the Anthropic SDK's header) or `Authorization: Bearer`. A request is translated
-(`anthropic_translate`) into the same chat turn as `/v1/chat/completions`, with surface
+(`translate.py`) into the same chat turn as `/v1/chat/completions`, with surface
 `messages`, and the turn's ChatCompletion or chunks are translated back. Every error on these
 routes answers in Anthropic's error format (`{"type": "error", "error": {...}}`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from rlgw.gateway.errors import APIError, handle_validation_error, json_response
-from rlgw.gateway.http.io import (
-    EVENT_HEADER,
-    cancel_on_disconnect,
-    parse_body,
-    session_for_key,
-    session_for_path,
-    session_routes,
-    sse_stream,
-)
+from rlgw.gateway.errors import APIError
+from rlgw.gateway.http.body_limits import parse_body
+from rlgw.gateway.http.errors import json_response, validation_message
+from rlgw.gateway.http.sse import named_event
+from rlgw.gateway.serving.flow import Surface, translated
+from rlgw.gateway.serving.routing import EVENT_HEADER, session_for_key, session_for_path
 from rlgw.gateway.sessions.table import Session
 from rlgw.gateway.surfaces.anthropic import translate as at
-from rlgw.gateway.surfaces.chat_completions.api import (
-    ChatCompletionRequest,
-    chat_params,
-    run_turn,
-    stream_turn,
-)
-from rlgw.gateway.surfaces.sse import named_event, translate_chunks
+from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params, run_turn, stream_turn
 from rlgw.gateway.turns.messages import ChatParams
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
@@ -81,13 +70,10 @@ async def anthropic_error(request: Request, exc: Exception) -> Response | None:
     """The gateway's errors and request validation errors in Anthropic's format (None: another
     exception, for the app's handlers)."""
     if isinstance(exc, APIError):
-        return json_response(
-            exc.status, error_body(exc.status, exc.message), headers=getattr(exc, "headers", None)
-        )
+        return json_response(exc.status, error_body(exc.status, exc.message), headers=exc.headers)
     if isinstance(exc, ValidationError | RequestValidationError):
-        # The OpenAI surfaces' message (the first problem, named by its field), re-shaped.
-        openai = orjson.loads((await handle_validation_error(request, exc)).body)
-        return json_response(400, error_body(400, openai["error"]["message"]))
+        # The OpenAI surfaces' message: the first problem, named by its field.
+        return json_response(400, error_body(400, validation_message(exc)[0]))
     return None
 
 
@@ -101,35 +87,33 @@ def turn_params(req: at.MessagesInput, event: str | None = None) -> ChatParams:
     return params
 
 
-def _in_stream_error(exc: APIError) -> bytes:
-    return named_event(error_body(exc.status, exc.message))
+class AnthropicMessages(Surface[ChatParams]):
+    """Anthropic Messages: translated into the chat turn and back, errors in Anthropic's format."""
 
+    path = "/messages"
+    name = "messages"
+    summary = "Serve one Messages turn for `session` (streamed or not)."
+    done = b""
+    encode = staticmethod(named_event)  # named events
+    error_format = staticmethod(anthropic_error)
 
-async def messages(request: Request, session: Session) -> Response:
-    """Serve one Messages turn for `session` (streamed or not)."""
-    state = request.app.state
-    req = at.MessagesRequest.model_validate(await parse_body(request))
-    params = turn_params(req, request.headers.get(EVENT_HEADER))
-    if not params.stream:
-        doc = await cancel_on_disconnect(request, run_turn(state.backend, state.profile, session, params))
-        return json_response(200, at.message(doc))
-    chunks = stream_turn(state.backend, state.profile, session, params)
-    # Enter the generator now: errors with a status surface here; from here on it owns the
-    # session lock and releases it in any case.
-    first = await chunks.__anext__()
-    stream = at.MessageStream()
-    head = stream.feed(first)
-    return StreamingResponse(
-        sse_stream(
-            head[0],
-            translate_chunks(head[1:], chunks, stream.feed),
-            encode=named_event,
-            error=_in_stream_error,
-            done=b"",
-        ),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    def accept(self, request: Request, session: Session, body: dict[str, Any]) -> ChatParams:
+        """The request validated and translated into the chat turn's parameters."""
+        return turn_params(at.MessagesRequest.model_validate(body), request.headers.get(EVENT_HEADER))
+
+    async def run(self, request: Request, session: Session, call: ChatParams) -> dict[str, Any]:
+        """The Message."""
+        state = request.app.state
+        return at.message(await run_turn(state.backend, state.profile, session, call))
+
+    def stream(self, request: Request, session: Session, call: ChatParams) -> AsyncIterator[dict[str, Any]]:
+        """The Message's stream events, translated from the chat turn's chunks."""
+        state = request.app.state
+        return translated(stream_turn(state.backend, state.profile, session, call), at.MessageStream().feed)
+
+    def stream_error(self, call: ChatParams, exc: APIError) -> bytes:
+        """Anthropic's error event."""
+        return named_event(error_body(exc.status, exc.message))
 
 
 async def count_tokens(request: Request) -> Response:
@@ -156,4 +140,4 @@ async def count_tokens_by_key(request: Request) -> Response:
     return await count_tokens(request)
 
 
-session_routes(router, "/messages", messages, "messages", errors=anthropic_error)
+AnthropicMessages().register(router)

@@ -13,26 +13,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.responses import Response, StreamingResponse
 
 from rlgw.gateway.engine_client.backend import GenerationResult
-from rlgw.gateway.errors import InvalidRequest, json_response
-from rlgw.gateway.http.io import (
-    EVENT_HEADER,
-    cancel_on_disconnect,
-    parse_body,
-    session_routes,
-    sse_stream,
-)
+from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.ids import fresh_hex
 from rlgw.gateway.ledger.ledger import Violation
 from rlgw.gateway.model.profile import ModelProfile
 from rlgw.gateway.parsing.detokenize import IncrementalDetokenizer, StopTrimmer
+from rlgw.gateway.serving.flow import Surface
+from rlgw.gateway.serving.routing import EVENT_HEADER
 from rlgw.gateway.sessions.table import Session
 from rlgw.gateway.turns.lifecycle import Plan, Turn, commit, decide, engine_sampling, turn_scope
 from rlgw.gateway.turns.messages import token_logprobs
@@ -149,41 +144,68 @@ def _finish(result: GenerationResult) -> str:
     return "length" if result.finish_type == "length" else "stop"
 
 
-async def completion_turn(request: Request, session: Session) -> Response:
-    """A completions turn for `session`, streamed or not."""
-    state = request.app.state
-    profile: ModelProfile = state.profile
-    req = CompletionRequest.model_validate(await parse_body(request))
-    _check(req)
-    if isinstance(req.prompt, list):
-        _check_ids(req.prompt, profile.vocab_size)
-    event = request.headers.get(EVENT_HEADER)
-    arrived = time.monotonic()
-    top_n = req.logprobs or 0
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    response_id = "cmpl-" + fresh_hex()
-    created = int(time.time())
+@dataclass
+class CompletionCall:
+    """An accepted completions request, with its response's id and the turn's shared steps."""
 
-    def doc(choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    req: CompletionRequest
+    event: str | None
+    arrived: float = field(default_factory=time.monotonic)
+    response_id: str = field(default_factory=lambda: "cmpl-" + fresh_hex())
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def stream(self) -> bool:
+        """Whether the agent asked for a stream."""
+        return self.req.stream
+
+    @property
+    def stops(self) -> list[str]:
+        """The request's stop strings."""
+        stop = self.req.stop
+        return [stop] if isinstance(stop, str) else list(stop or [])
+
+    def doc(self, profile: ModelProfile, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        """A text_completion object (or chunk) around `choice`."""
         return {
-            "id": response_id,
+            "id": self.response_id,
             "object": "text_completion",
-            "created": created,
+            "created": self.created,
             "model": profile.name,
             "choices": [choice],
             **extra,
         }
 
+    def prepare(self, profile: ModelProfile, session: Session) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
+        """The turn's plan and engine sampling (and what the agent asked for that was overridden)."""
+        plan = _plan(profile, session, self.req, self.event)
+        sampling, overridden = engine_sampling(
+            profile,
+            session,
+            _sampling(self.req),
+            self.req.max_tokens,
+            self.req.logprobs or 0,
+            len(plan.input_ids),
+        )
+        return plan, sampling, overridden
+
     async def finish(
-        turn: Turn, plan: Plan, result: GenerationResult, text: str, overridden: dict[str, Any]
+        self,
+        profile: ModelProfile,
+        turn: Turn,
+        plan: Plan,
+        result: GenerationResult,
+        text: str,
+        overridden: dict[str, Any],
     ) -> None:
+        """Commit the turn: the prompt's extension and the sampled ids."""
         plan.agent_text += text
         await commit(
             profile,
             turn,
             plan,
             result,
-            response_id=response_id,
+            response_id=self.response_id,
             call_ids=[],
             calls=(),
             content=text,
@@ -192,20 +214,66 @@ async def completion_turn(request: Request, session: Session) -> Response:
             end_of_turn_id=None,  # no chat template continues a completions series
         )
 
-    def usage(plan: Plan, result: GenerationResult) -> dict[str, int]:
-        n_in, n_out = len(plan.input_ids), len(result.output_ids)
-        return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
 
-    async def chunks() -> AsyncIterator[dict[str, Any]]:
-        async with turn_scope(session, arrived=arrived) as turn:
-            plan = _plan(profile, session, req, event)
-            sampling, overridden = engine_sampling(
-                profile, session, _sampling(req), req.max_tokens, top_n, len(plan.input_ids)
+def _usage(plan: Plan, result: GenerationResult) -> dict[str, int]:
+    n_in, n_out = len(plan.input_ids), len(result.output_ids)
+    return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+
+
+class Completions(Surface[CompletionCall]):
+    """OpenAI's legacy completions: raw prompts, text or token ids."""
+
+    path = "/completions"
+    name = "completions"
+    summary = "A completions turn for `session`, streamed or not."
+
+    def accept(self, request: Request, session: Session, body: dict[str, Any]) -> CompletionCall:
+        """The request validated (prompt ids within the vocabulary)."""
+        req = CompletionRequest.model_validate(body)
+        _check(req)
+        if isinstance(req.prompt, list):
+            _check_ids(req.prompt, request.app.state.profile.vocab_size)
+        return CompletionCall(req, request.headers.get(EVENT_HEADER))
+
+    async def run(self, request: Request, session: Session, call: CompletionCall) -> dict[str, Any]:
+        """The text_completion object."""
+        state = request.app.state
+        profile: ModelProfile = state.profile
+        req = call.req
+        async with turn_scope(session, arrived=call.arrived) as turn:
+            plan, sampling, overridden = call.prepare(profile, session)
+            result = await state.backend.generate(
+                plan.input_ids, sampling, rid=turn.rid, routing_key=session.id
             )
+            trim = StopTrimmer(call.stops)
+            text = trim.feed(profile.tokenizer.decode(result.output_ids, skip_special_tokens=True))
+            text += trim.close(result.finish_reason.get("matched"))
+            await call.finish(profile, turn, plan, result, text, overridden)
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": (
+                _logprobs(profile, result.output_ids, result.logprobs, result.top_logprobs)
+                if req.logprobs is not None
+                else None
+            ),
+            "finish_reason": _finish(result),
+        }
+        return call.doc(profile, choice, usage=_usage(plan, result))
+
+    async def stream(
+        self, request: Request, session: Session, call: CompletionCall
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The text_completion chunks."""
+        state = request.app.state
+        profile: ModelProfile = state.profile
+        req = call.req
+        async with turn_scope(session, arrived=call.arrived) as turn:
+            plan, sampling, overridden = call.prepare(profile, session)
             detok = IncrementalDetokenizer(profile.tokenizer, skip_special_tokens=True)
-            trim = StopTrimmer(stops)
+            trim = StopTrimmer(call.stops)
             text = ""
-            yield doc({"index": 0, "text": "", "logprobs": None, "finish_reason": None})
+            yield call.doc(profile, {"index": 0, "text": "", "logprobs": None, "finish_reason": None})
             result: GenerationResult | None = None
             async for update in state.backend.stream(
                 plan.input_ids, sampling, rid=turn.rid, routing_key=session.id
@@ -219,44 +287,15 @@ async def completion_turn(request: Request, session: Session) -> Response:
                     lp = _logprobs(profile, update.new_ids, update.new_logprobs, update.new_top)
                 if piece or lp:
                     text += piece
-                    yield doc({"index": 0, "text": piece, "logprobs": lp, "finish_reason": None})
+                    yield call.doc(
+                        profile, {"index": 0, "text": piece, "logprobs": lp, "finish_reason": None}
+                    )
             if result is None:
                 raise RuntimeError("the engine stream ended without a result")
-            await finish(turn, plan, result, text, overridden)
-        yield doc({"index": 0, "text": "", "logprobs": None, "finish_reason": _finish(result)})
+            await call.finish(profile, turn, plan, result, text, overridden)
+        yield call.doc(profile, {"index": 0, "text": "", "logprobs": None, "finish_reason": _finish(result)})
         if (req.stream_options or {}).get("include_usage"):
-            yield {**doc({}), "choices": [], "usage": usage(plan, result)}
-
-    async def whole() -> dict[str, Any]:
-        async with turn_scope(session, arrived=arrived) as turn:
-            plan = _plan(profile, session, req, event)
-            sampling, overridden = engine_sampling(
-                profile, session, _sampling(req), req.max_tokens, top_n, len(plan.input_ids)
-            )
-            result = await state.backend.generate(
-                plan.input_ids, sampling, rid=turn.rid, routing_key=session.id
-            )
-            trim = StopTrimmer(stops)
-            text = trim.feed(profile.tokenizer.decode(result.output_ids, skip_special_tokens=True))
-            text += trim.close(result.finish_reason.get("matched"))
-            await finish(turn, plan, result, text, overridden)
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": (
-                _logprobs(profile, result.output_ids, result.logprobs, result.top_logprobs)
-                if req.logprobs is not None
-                else None
-            ),
-            "finish_reason": _finish(result),
-        }
-        return doc(choice, usage=usage(plan, result))
-
-    if not req.stream:
-        return json_response(200, await cancel_on_disconnect(request, whole()))
-    gen = chunks()
-    first = await gen.__anext__()
-    return StreamingResponse(sse_stream(first, gen), media_type="text/event-stream")
+            yield {**call.doc(profile, {}), "choices": [], "usage": _usage(plan, result)}
 
 
-session_routes(router, "/completions", completion_turn, "completions")
+Completions().register(router)

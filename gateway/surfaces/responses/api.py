@@ -2,7 +2,7 @@
 
 Reachable as `/s/{session_id}/v1/responses` and as `/v1/responses` with the session's key as
 the bearer token. A request's items (after those of `previous_response_id`, which the session
-holds) are translated (`responses_translate`) into the same chat turn as `/v1/chat/completions`,
+holds) are translated (`translate.py`) into the same chat turn as `/v1/chat/completions`,
 with surface `responses`; the turn's ChatCompletion or chunks are translated back. Errors use
 OpenAI's format, the gateway's default.
 """
@@ -10,29 +10,18 @@ OpenAI's format, the gateway's default.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from functools import partial
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
 
-from rlgw.gateway.errors import APIError, InvalidRequest, json_response
-from rlgw.gateway.http.io import (
-    EVENT_HEADER,
-    cancel_on_disconnect,
-    parse_body,
-    session_routes,
-    sse_stream,
-)
+from rlgw.gateway.errors import APIError, InvalidRequest
+from rlgw.gateway.http.sse import named_event
+from rlgw.gateway.serving.flow import Surface, translated
+from rlgw.gateway.serving.routing import EVENT_HEADER
 from rlgw.gateway.sessions.table import Session
-from rlgw.gateway.surfaces.chat_completions.api import (
-    ChatCompletionRequest,
-    chat_params,
-    run_turn,
-    stream_turn,
-)
+from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params, run_turn, stream_turn
 from rlgw.gateway.surfaces.responses import translate as rt
-from rlgw.gateway.surfaces.sse import named_event, translate_chunks
 from rlgw.gateway.turns.messages import ChatParams
 
 router = APIRouter()
@@ -66,6 +55,61 @@ def remember(session: Session, req: rt.ResponsesRequest, items: list[dict[str, A
         session.conversations[doc["id"]] = [*items, *doc["output"]]
 
 
+@dataclass(slots=True)
+class ResponsesCall:
+    """An accepted Responses request: the request, the conversation's items, the chat turn's parameters."""
+
+    req: rt.ResponsesRequest
+    items: list[dict[str, Any]]
+    params: ChatParams
+    translator: rt.ResponseStream | None = None  # a streamed turn's translation, once it started
+
+    @property
+    def stream(self) -> bool:
+        """Whether the agent asked for a stream."""
+        return self.params.stream
+
+
+class Responses(Surface[ResponsesCall]):
+    """OpenAI Responses: translated into the chat turn and back; the session keeps stored
+    conversations for `previous_response_id`."""
+
+    path = "/responses"
+    name = "responses"
+    summary = "Serve one Responses turn for `session` (streamed or not)."
+    done = b""
+    encode = staticmethod(named_event)  # named events
+
+    def accept(self, request: Request, session: Session, body: dict[str, Any]) -> ResponsesCall:
+        """The request validated, its conversation gathered and translated into the chat turn."""
+        req = rt.ResponsesRequest.model_validate(body)
+        items = conversation(session, req)
+        return ResponsesCall(req, items, turn_params(req, items, request.headers.get(EVENT_HEADER)))
+
+    async def run(self, request: Request, session: Session, call: ResponsesCall) -> dict[str, Any]:
+        """The Response (remembered if `store`)."""
+        state = request.app.state
+        completion = await run_turn(state.backend, state.profile, session, call.params)
+        doc = rt.response(call.req, completion)
+        remember(session, call.req, call.items, doc)
+        return doc
+
+    def stream(
+        self, request: Request, session: Session, call: ResponsesCall
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The Response's stream events, translated from the chat turn's chunks (the finished
+        Response remembered once the stream ends)."""
+        state = request.app.state
+        call.translator = stream = rt.ResponseStream(call.req)
+        events = translated(stream_turn(state.backend, state.profile, session, call.params), stream.feed)
+        return _remembered(events, stream, session, call.req, call.items)
+
+    def stream_error(self, call: ResponsesCall, exc: APIError) -> bytes:
+        """The stream's `response.failed` (and what it closes), as named events."""
+        assert call.translator is not None
+        return b"".join(named_event(e) for e in call.translator.fail(exc.body()["error"]))
+
+
 async def _remembered(
     events: AsyncIterator[dict[str, Any]],
     stream: rt.ResponseStream,
@@ -79,35 +123,4 @@ async def _remembered(
         remember(session, req, items, stream.response)
 
 
-async def responses(request: Request, session: Session) -> Response:
-    """Serve one Responses turn for `session` (streamed or not)."""
-    state = request.app.state
-    req = rt.ResponsesRequest.model_validate(await parse_body(request))
-    items = conversation(session, req)
-    params = turn_params(req, items, request.headers.get(EVENT_HEADER))
-    if not params.stream:
-        completion = await cancel_on_disconnect(
-            request, run_turn(state.backend, state.profile, session, params)
-        )
-        doc = rt.response(req, completion)
-        remember(session, req, items, doc)
-        return json_response(200, doc)
-    chunks = stream_turn(state.backend, state.profile, session, params)
-    # Enter the generator now: errors with a status surface here; from here on it owns the
-    # session lock and releases it in any case.
-    first = await chunks.__anext__()
-    stream = rt.ResponseStream(req)
-    head = stream.feed(first)
-    events = _remembered(translate_chunks(head[1:], chunks, stream.feed), stream, session, req, items)
-    return StreamingResponse(
-        sse_stream(head[0], events, encode=named_event, error=partial(_failed, stream), done=b""),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
-
-
-def _failed(stream: rt.ResponseStream, exc: APIError) -> bytes:
-    return b"".join(named_event(e) for e in stream.fail(exc.body()["error"]))
-
-
-session_routes(router, "/responses", responses, "responses")
+Responses().register(router)

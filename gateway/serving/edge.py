@@ -25,7 +25,7 @@ from starlette.responses import Response
 
 from rlgw.gateway import metrics
 from rlgw.gateway.http import body_limits
-from rlgw.gateway.http.io import SessionRoute, session_for_key, session_for_path
+from rlgw.gateway.serving.routing import SessionRoute, session_for_key, session_for_path
 from rlgw.gateway.tenancy import limits
 from rlgw.gateway.turns.lifecycle import settle_after_reply
 

@@ -1,28 +1,19 @@
-"""Session routes: open, inspect, finish (validate + store the samples), delete.
-
-`finish` is where a session's ledger becomes training samples: every segment is built into a
-`Sample`, checked against the hand-off contract, and the accepted ones are committed to the
-store in one transaction before the answer leaves. Rejected segments are reported with their
-reason, never passed on. Finishing twice returns the first summary (a retry is safe).
-"""
+"""Session routes: open, inspect, finish (validate + store the samples: `finish.py`), delete."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from typing import Any, Literal
 
-import numpy as np
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from rlgw.gateway import metrics
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.http.errors import json_response
-from rlgw.gateway.ledger.ledger import Policy, Segment
-from rlgw.gateway.sample import RejectReason, SampleRejected, SampleStatus, validate_sample
+from rlgw.gateway.ledger.ledger import Policy
+from rlgw.gateway.sample import SampleStatus
+from rlgw.gateway.sessions.finish import Outcome, abort_active, finish
 from rlgw.gateway.sessions.table import Mode, Session
 from rlgw.gateway.tenancy.limits import open_in
 from rlgw.gateway.tenancy.tenants import require_tenant
@@ -126,13 +117,6 @@ async def get_session(request: Request, session_id: str, tenant: str = Depends(r
     return json_response(200, doc)
 
 
-async def _abort_active(request: Request, session: Session) -> None:
-    backend = request.app.state.backend
-    for rid in list(session.active_rids):
-        with contextlib.suppress(Exception):
-            await backend.abort(rid)
-
-
 @router.delete("/v1/sessions/{session_id}")
 async def delete_session(
     request: Request, session_id: str, tenant: str = Depends(require_tenant)
@@ -140,7 +124,7 @@ async def delete_session(
     """Abort the session's in-flight generation and forget it; nothing is stored."""
     sessions = request.app.state.sessions
     session = sessions.get(session_id, tenant)
-    await _abort_active(request, session)
+    await abort_active(request.app.state.backend, session)
     sessions.remove(session_id)
     if sessions.journal is not None:
         await sessions.journal.closed(session_id)
@@ -153,140 +137,12 @@ async def finish_session(
 ) -> Response:
     """Validate the ledger, store the accepted samples, and answer a summary."""
     state = request.app.state
-    session: Session = state.sessions.get(session_id, tenant)
-    if session.finished:
-        return json_response(200, session.summary)
-    # From here on no new turn starts (one waiting on the lock is refused with 409); a turn that
-    # is generating is aborted, so nothing is served after finish that is not recorded.
-    session.finishing = True
-    await _abort_active(request, session)
-    async with session.lock:
-        if session.finished:
-            return json_response(200, session.summary)
-        if body.termination_reason:
-            session.termination_reason = body.termination_reason
-        try:
-            summary = await _store_samples(request, session, body)
-        except BaseException:
-            session.finishing = False  # nothing was stored: the session is as it was
-            raise
-        session.finished = True
-        session.summary = summary
-        if state.sessions.journal is not None:
-            await state.sessions.journal.closed(session.id)  # its samples are in the store now
-        session.ledger = None  # the tokens are in the store now; free the memory
-    log.info(
-        "session finished",
-        extra={
-            "fields": {
-                "session": session.id,
-                "task": session.task_id,
-                "samples": len(summary["samples"]),
-                "rejects": len(summary["rejects"]),
-                "trainable_tokens": summary["trainable_tokens"],
-                "termination_reason": session.termination_reason,
-            }
-        },
+    summary = await finish(
+        state.sessions.get(session_id, tenant),
+        backend=state.backend,
+        store=state.store,
+        journal=state.sessions.journal,
+        vocab_size=state.vocab_size,
+        outcome=Outcome(body.reward, body.status, body.termination_reason, body.metadata),
     )
     return json_response(200, summary)
-
-
-async def _store_samples(request: Request, session: Session, body: SessionFinish) -> dict[str, Any]:
-    state = request.app.state
-    summary: dict[str, Any] = {
-        "session_id": session.id,
-        "mode": str(session.mode),
-        "samples": [],
-        "trainable_tokens": 0,
-        "segments": 0,
-        "rejects": [],
-        "termination_reason": session.termination_reason,
-    }
-    ledger = session.ledger
-    if ledger is None:  # eval mode records nothing
-        return summary
-    metadata = {
-        **session.metadata,
-        **body.metadata,
-        "task_id": session.task_id,
-        "session_id": session.id,
-        "termination_reason": session.termination_reason,
-        "turns": session.turns,
-        "failed_turns": session.failed_turns,
-    }
-    built = ledger.build_samples(
-        reward=body.reward,
-        # None: each sample's status describes its own segment's end (cut by length: truncated).
-        status=body.status,
-        rollout_id=session.rollout_id,
-        group_index=session.group_index,
-        metadata=metadata,
-    )
-    summary["segments"] = len(built)
-    summary["segment_causes"] = [
-        {
-            "segment": i,
-            "cause": seg.cause,
-            "detail": seg.detail,
-            "tokens": len(seg),
-            "trainable_tokens": seg.trainable_tokens(),
-        }
-        for i, seg in enumerate(ledger.segments)
-    ]
-    accepted = []
-    for index, sample, why in built:
-        if ledger.invalid_reason is not None:
-            summary["rejects"].append(
-                {
-                    "segment": index,
-                    "reason": str(RejectReason.CAPTURE_INVALID),
-                    "detail": ledger.invalid_reason,
-                }
-            )
-            continue
-        if sample is None:
-            summary["rejects"].append({"segment": index, "reason": str(RejectReason.EMPTY), "detail": why})
-            continue
-        try:
-            validate_sample(sample, vocab_size=state.vocab_size)
-        except SampleRejected as exc:
-            reject = {"segment": index, "reason": str(exc.reason), "detail": exc.detail}
-            if exc.reason is RejectReason.BAD_TOKEN:
-                reject["turn"] = _bad_token_turn(ledger.segments[index], state.vocab_size)
-            summary["rejects"].append(reject)
-            continue
-        accepted.append((index, sample))
-    for reject in summary["rejects"]:
-        metrics.SAMPLE_REJECTS.labels(reject["reason"]).inc()
-    if accepted:
-        cursors = await asyncio.shield(
-            state.store.add_samples(
-                session.tenant,
-                session.id,
-                session.task_id,
-                [s for _, s in accepted],
-                segments=[i for i, _ in accepted],
-            )
-        )
-        for cursor, (index, sample) in zip(cursors, accepted, strict=True):
-            trainable = int(sample.loss_mask.sum())
-            summary["samples"].append(
-                {
-                    "cursor": cursor,
-                    "segment": index,
-                    "trainable_tokens": trainable,
-                    "response_length": sample.response_length,
-                }
-            )
-            summary["trainable_tokens"] += trainable
-    return summary
-
-
-def _bad_token_turn(segment: Segment, vocab_size: int) -> int | None:
-    """The index of the first generated turn holding an id outside the vocabulary."""
-    ids = segment.ids_view()
-    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
-    for i, t in enumerate(segment.turns):
-        if bad.size and t.start <= bad[0] < t.end:
-            return i
-    return None

@@ -13,7 +13,7 @@ from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.ledger.ledger import Ledger, Policy
 from rlgw.gateway.model.profile import ModelProfile
 from rlgw.gateway.model.render import ChatRenderer
-from rlgw.gateway.sessions.api import _bad_token_turn
+from rlgw.gateway.sessions.finish import bad_token_turn
 from rlgw.gateway.sessions.table import Mode, Session
 from rlgw.gateway.turns.lifecycle import Turn
 from rlgw.gateway.turns.messages import ChatParams, plan_turn
@@ -130,7 +130,7 @@ def test_a_bad_token_reject_names_its_turn() -> None:
             ),
             "v1",
         )
-    assert _bad_token_turn(ledger.current, vocab_size=1000) == 1
+    assert bad_token_turn(ledger.current, vocab_size=1000) == 1
 
 
 def test_finish_summary_lists_segments_with_their_causes(gw: str) -> None:

@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from rlgw.gateway import metrics
-from rlgw.gateway.errors import APIError, NotFound, UpstreamError
+from rlgw.gateway.errors import APIError, NotFound
 
 WINDOW_S = 60
 
@@ -134,10 +134,7 @@ class _Usage:
 
 
 class TurnSlot:
-    """A turn's hold on its tenant's in-flight count; releases it (once) on exit.
-
-    As a context manager it also counts, on the way out, an engine failure by kind.
-    """
+    """A turn's hold on its tenant's in-flight count; releases it (once) on exit."""
 
     __slots__ = ("_usage",)
 
@@ -153,9 +150,6 @@ class TurnSlot:
         if self._usage is not None:
             self._usage.in_flight -= 1
             self._usage = None
-        metrics.TURNS_IN_FLIGHT.dec()
-        if isinstance(exc, UpstreamError):
-            metrics.engine_error(exc.code or exc.type)
 
 
 class LimitTable:
@@ -253,7 +247,6 @@ class LimitTable:
         usage.in_flight += 1
         if session_id is not None:
             usage.sessions.add(session_id)
-        metrics.TURNS_IN_FLIGHT.inc()
         return TurnSlot(usage)
 
     def count_generated(self, tenant: str, n: int) -> None:
@@ -283,23 +276,20 @@ _ACTIVE: contextvars.ContextVar[LimitTable | None] = contextvars.ContextVar("rlg
 
 
 def turn_slot(tenant: str, session_id: str | None = None) -> TurnSlot:
-    """The turn lifecycle's one call: take an in-flight slot under the current app's limits
-    (raises `RateLimited`); outside a request nothing is limited, only metered."""
+    """Take an in-flight slot under the current app's limits (raises `RateLimited`); outside a
+    request nothing is limited."""
     table = _ACTIVE.get()
     if table is None:
-        metrics.TURNS_IN_FLIGHT.inc()
         return TurnSlot(None)
     return table.start_turn(tenant, session_id)
 
 
-def turn_generated(tenant: str, surface: str, generated: int) -> None:
-    """A committed turn on `surface` generated `generated` tokens: counted against the tenant's
-    tokens per minute, and the request is metered as a turn (its added time)."""
+def turn_generated(tenant: str, generated: int) -> None:
+    """A committed turn generated `generated` tokens: counted against the tenant's tokens per
+    minute under the current app's limits (outside a request, nothing is counted)."""
     table = _ACTIVE.get()
     if table is not None:
         table.count_generated(tenant, generated)
-    metrics.GENERATED_TOKENS.inc(generated)
-    metrics.mark_turn(surface)
 
 
 def bind(table: LimitTable) -> contextvars.Token[LimitTable | None]:

@@ -142,7 +142,7 @@ async def turn_scope(session: Session, *, arrived: float | None = None) -> Async
     """Hold the session for one turn; see the module docstring for what it owns."""
     arrived = time.monotonic() if arrived is None else arrived
     # The tenant's in-flight slot (429 over a limit) is held while waiting for the lock too.
-    with turn_slot(session.tenant, session.id):
+    with turn_slot(session.tenant, session.id), metrics.TURN_IN_FLIGHT:
         unsettled = _UNSETTLED.get()
         if unsettled is not None and unsettled.turns:
             unsettled.settle(session)  # this request's own earlier turn holds the lock: release it
@@ -184,7 +184,9 @@ def _settle(turn: Turn) -> None:
         record = turn.record
         if record is None:  # committed by hand (a test of the counters): nothing to apply
             return
-        turn_generated(session.tenant, turn.surface, turn.generated)  # generated either way
+        # Generated either way: counted against the tenant, and the request metered as a turn.
+        turn_generated(session.tenant, turn.generated)
+        metrics.turn_generated(turn.surface, turn.generated)
         try:
             apply_record(session, record, committed_at=turn.committed_at)
         except Exception:

@@ -3,7 +3,7 @@
 Tokenizing each turn's rendered increment is the largest single cost of a turn. `fastokens` (a
 Rust reimplementation of HF `tokenizers`' encoding pipeline, Apache-2.0) encodes the same text
 about 100x faster than HF `tokenizers` here, and 8x faster than `bpe-qwen`, which it replaced
-(bench/tokenize.py). `select_encoder` picks it only for a byte-level BPE tokenizer (Qwen2/2.5/3,
+(bench/encoders.py). `select_encoder` picks it only for a byte-level BPE tokenizer (Qwen2/2.5/3,
 Llama 3, SmolLM2, GPT-2 style: the family its equality was proven on, tests/gateway/
 test_fast_tokenizer.py), and only after it gave the same ids as HF `tokenizers` on a built-in
 corpus at start-up (code, unicode, CJK, emoji, CRLF, whitespace runs, every added token);

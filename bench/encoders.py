@@ -7,7 +7,7 @@ encoder the gateway could use: HF `tokenizers` (the reference), fastokens (what
 installed (`pip install bpe-qwen==0.1.5`). Every encoder's ids are checked equal to HF's first.
 Prints the median microseconds per call and each encoder's speed-up over HF and over fastokens.
 
-    python -m bench.tokenize [--repeats 200]
+    python bench/encoders.py [--repeats 200]
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from transformers import AutoTokenizer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.gateway import filler, qwen3_tokenizer_dir
 from rlgw.gateway.model.fast_tokenizer import FastokensEncoder, HFEncoder, select_encoder
 

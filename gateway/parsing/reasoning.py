@@ -1,6 +1,6 @@
 """The reasoning format: Qwen3's ``<think>...</think>`` (SGLang's ``qwen3`` reasoning parser).
 
-What the format means (`SGLANG_PROTOCOL.md` §4): the text before ``</think>`` is
+What the format means (`docs/SGLANG_PROTOCOL.md` §4): the text before ``</think>`` is
 ``reasoning_content`` (a leading ``<think>`` is stripped), the rest is ``content``. Reasoning is
 *forced* when the prompt already opened the think block (Qwen3-Thinking templates; the gateway
 sees it in the prompt ids): then output without ``<think>`` still splits at ``</think>``. With no

@@ -1,6 +1,6 @@
 """Tool-call formats: what one `<tool_call>...</tool_call>` block means, and which format a template uses.
 
-Formats (SGLang's detectors, `SGLANG_PROTOCOL.md` §4):
+Formats (SGLang's detectors, `docs/SGLANG_PROTOCOL.md` §4):
 
 - ``hermes``: ``<tool_call>{json}</tool_call>``; the JSON may be a list of calls, and the last
   block may be left unterminated when generation stops.

@@ -43,6 +43,7 @@ import numpy as np
 import orjson
 import xxhash
 
+from rlgw.gateway.content import content_text
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
 
 
@@ -130,19 +131,6 @@ class _Record:
 
 
 _MINTED_ID = re.compile(r"call_[0-9a-f]{24}")
-
-
-def content_text(content: Any) -> str:
-    """The text a template renders from a message's content: parts joined by "\n", None as ""."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            p if isinstance(p, str) else str(p.get("text", "")) for p in content if isinstance(p, str | dict)
-        )
-    return str(content)
 
 
 def canonical_arguments(arguments: Any) -> str:

@@ -40,6 +40,7 @@ try:  # transformers' compiled-template cache (private): without it increments a
 except ImportError:  # pragma: no cover - depends on the transformers release
     _compile_jinja_template = None
 
+from rlgw.gateway.content import content_text, non_text_part
 from rlgw.gateway.errors import GatewayError, InvalidRequest
 from rlgw.gateway.model.fast_tokenizer import HFEncoder, TextEncoder
 from rlgw.gateway.model.increment_cache import IncrementCache, guarded_template
@@ -60,7 +61,6 @@ _RESERVED_KWARGS = frozenset(
 # The renderer's own parameters: a template kwarg with one of these names would collide with them.
 _RENDERER_PARAMS = frozenset({"tools", "new_messages", "previous_ended_with_eos", "anchor_user", "as_array"})
 # OpenAI content-part types that carry text.
-_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 
 
 def check_template_kwargs(kwargs: Mapping[str, Any]) -> None:
@@ -419,28 +419,16 @@ def _digest(value: Any) -> int:
 
 
 def _content_text(index: int, content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
+    if content is None or isinstance(content, str):
+        return content_text(content)
     if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif (
-                isinstance(part, Mapping)
-                and part.get("type") in _TEXT_PARTS
-                and isinstance(part.get("text"), str)
-            ):
-                texts.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise InvalidRequest(
-                    f"messages[{index}].content: unsupported content part {kind!r} (text only)",
-                    param=f"messages[{index}].content",
-                )
-        return "\n".join(texts)
+        kind = non_text_part(content)
+        if kind is not None:
+            raise InvalidRequest(
+                f"messages[{index}].content: unsupported content part {kind!r} (text only)",
+                param=f"messages[{index}].content",
+            )
+        return content_text(content)
     raise InvalidRequest(
         f"messages[{index}].content must be a string, a list of text parts, or null",
         param=f"messages[{index}].content",

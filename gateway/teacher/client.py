@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from rlgw.gateway.content import content_text
 from rlgw.gateway.engine_client.backend import GenerationResult, SGLangBackend
 from rlgw.gateway.engine_client.transport import AiohttpTransport, Transport, TransportError
 from rlgw.gateway.model.profile import build_profile
@@ -289,7 +290,9 @@ def _normalized(message: dict[str, Any]) -> dict[str, Any]:
     if content is None:
         m["content"] = ""
     elif isinstance(content, list):
-        m["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        # Joined as the student's template rendered them (`content.SEPARATOR`): the teacher labels
+        # the turn the student saw.
+        m["content"] = content_text(content)
     calls = m.get("tool_calls")
     if calls:
         m["tool_calls"] = [_parsed_arguments(c) for c in calls]

@@ -13,7 +13,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "gateway"
-BASE = {"errors", "ids", "metrics", "sample"}  # the modules at gateway/'s top that every room may use
+BASE = {
+    "content",
+    "errors",
+    "ids",
+    "metrics",
+    "sample",
+}  # the modules at gateway/'s top that every room may use
 PREFIX = "rlgw.gateway."
 
 

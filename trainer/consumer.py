@@ -28,7 +28,7 @@ import numpy as np
 
 from rlgw.gateway.sample import Sample, SampleStatus
 from rlgw.gateway.trajectories.client import GatewayClient, StoredTrajectory
-from rlgw.trainer.batch import Rollout
+from rlgw.trainer.rollout import Rollout
 
 
 class Action(enum.StrEnum):

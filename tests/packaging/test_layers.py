@@ -155,3 +155,20 @@ def test_rooms_without_http_import_no_web_framework() -> None:
                 f"{path}:{node.lineno} {n}" for n in names if n.split(".")[0] in {"fastapi", "starlette"}
             ]
     assert not found, found
+
+
+def _rlgw_imports(folder: str) -> set[str]:
+    """The rlgw packages a top-level folder's modules import (lazy imports included)."""
+    found = set()
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            found |= {".".join(n.split(".")[:2]) for n in names if n.startswith("rlgw.")}
+    return found
+
+
+def test_the_engine_and_sync_import_nothing_of_each_other() -> None:
+    assert "rlgw.sync" not in _rlgw_imports("engine")
+    assert "rlgw.engine" not in _rlgw_imports("sync")

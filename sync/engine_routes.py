@@ -1,7 +1,9 @@
 """Engine-side weight-sync routes: delta/full pull, distributed broadcast, colocated hand-off, checkpoint.
 
-Owned by the weight-sync work (`rlgw.sync`); the engine app includes `router` as it is and keeps the
-engine core at `app.state.engine`. Every route answers SGLang's `{success, message}` with 200 or 400
+The receiving end of each sync transport, served by the embedded engine: `rlgw engine` mounts `router`
+beside the engine's own routes (`rlgw.engine.server.create_app(engine, routers)`), so the engine
+imports nothing of sync's. The engine core is reached at `app.state.engine` through the weight
+contract it documents (`rlgw.engine.core`). Every route answers SGLang's `{success, message}` with 200 or 400
 (plus a few extra keys). A refused sync changes nothing: files are staged and verified before the
 engine is touched, broadcast buckets are staged in memory until the final one, and the core's
 `update_weights` validates every tensor before copying any. Sync operations on one engine are
@@ -27,7 +29,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rlgw.engine.errors import RequestError
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.broadcast import FLATTENED, WeightUpdateGroup, receive_bucket
 from rlgw.sync.colocated import CUDA_IPC, SHM, decode_manifest, open_manifest
@@ -64,6 +65,10 @@ def _reply(success: bool, message: str, status: int | None = None, **extra: Any)
     )
 
 
+class BadBody(ValueError):
+    """A request body the route refuses (answered `{success: false}` with 400)."""
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -73,13 +78,13 @@ async def _parse(request: Request, model: type[_Body]) -> _Body:
     try:
         return model.model_validate(orjson.loads(raw) if raw.strip() else {})
     except (orjson.JSONDecodeError, ValidationError) as exc:
-        raise RequestError(f"invalid request body: {exc}") from exc
+        raise BadBody(f"invalid request body: {exc}") from exc
 
 
 def _version_of(value: int | str) -> int:
     text = str(value).removeprefix("weight_v")
     if not text.isdigit():
-        raise RequestError(f"target_version must be a version number, got {value!r}")
+        raise BadBody(f"target_version must be a version number, got {value!r}")
     return int(text)
 
 
@@ -98,8 +103,8 @@ async def pull_weights(request: Request) -> Response:
         body = await _parse(request, PullBody)
         target = _version_of(body.target_version)
         if body.pause_mode not in ("abort", "retract", "in_place"):
-            raise RequestError(f"unknown pause_mode {body.pause_mode!r}")
-    except RequestError as exc:
+            raise BadBody(f"unknown pause_mode {body.pause_mode!r}")
+    except BadBody as exc:
         return _reply(False, str(exc))
     engine, st = request.app.state.engine, _state(request)
     async with st.lock:
@@ -165,7 +170,7 @@ async def init_weights_update_group(request: Request) -> Response:
     """Join a weight update group at `rank_offset` (blocks until every rank has joined)."""
     try:
         body = await _parse(request, InitGroupBody)
-    except RequestError as exc:
+    except BadBody as exc:
         return _reply(False, str(exc))
     st = _state(request)
     if body.group_name in st.groups:
@@ -203,7 +208,7 @@ async def update_weights_from_distributed(request: Request) -> Response:
     """Receive one announced bucket; apply all staged buckets atomically unless `rlgw_stage`."""
     try:
         body = await _parse(request, DistributedBody)
-    except RequestError as exc:
+    except BadBody as exc:
         return _reply(False, str(exc))
     st, engine = _state(request), request.app.state.engine
     group = st.groups.get(body.group_name)
@@ -238,7 +243,7 @@ async def destroy_weights_update_group(request: Request) -> Response:
     """Leave and release a weight update group (dropping anything staged in it)."""
     try:
         body = await _parse(request, DestroyGroupBody)
-    except RequestError as exc:
+    except BadBody as exc:
         return _reply(False, str(exc))
     st = _state(request)
     group = st.groups.pop(body.group_name, None)
@@ -262,13 +267,13 @@ async def update_weights_from_tensor(request: Request) -> Response:
     try:
         body = await _parse(request, TensorBody)
         if body.load_format not in (SHM, CUDA_IPC):
-            raise RequestError(
+            raise BadBody(
                 f"load_format {body.load_format!r} is not accepted: rlgw never unpickles tensors; "
                 f"use {SHM!r} or {CUDA_IPC!r} with a JSON manifest"
             )
         if len(body.serialized_named_tensors) != 1:
-            raise RequestError("expected exactly one manifest (this engine has one tensor-parallel rank)")
-    except RequestError as exc:
+            raise BadBody("expected exactly one manifest (this engine has one tensor-parallel rank)")
+    except BadBody as exc:
         return _reply(False, str(exc))
     engine = request.app.state.engine
     async with _state(request).lock:

@@ -27,8 +27,8 @@ import httpx
 import numpy as np
 import pytest
 
-from rlgw.gateway.client import GatewayClient
 from rlgw.gateway.sample import validate_sample
+from rlgw.gateway.trajectories.client import GatewayClient
 from rlgw.scaffolds.agent import AgentConfig, InstalledAgent
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
 from rlgw.scaffolds.codex import CodexScaffold

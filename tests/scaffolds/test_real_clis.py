@@ -23,7 +23,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
@@ -38,7 +37,7 @@ from rlgw.scaffolds.tasks import Task, Verifier
 from rlgw.scaffolds.termination import TerminationReason
 from tests.fixtures.build_agent_fixture import TASKS
 from tests.support.agent_venvs import cache_root
-from tests.support.e2e import Stack, mask_runs, stack, stored
+from tests.support.e2e import Stack, check_engine_spans, check_forced_logprobs, stack, stored
 from tests.support.procs import FIXTURES
 from tests.support.real_runs import Sandboxes
 
@@ -85,38 +84,19 @@ def prefix_for(scaffold_cls: type[NodeCliScaffold]) -> str:
 def check_token_exact(st: Stack, doc: dict[str, Any]) -> int:
     """The fidelity checks of `tests/gateway/test_scenarios.py` that need no copy of the agent's requests.
 
-    Returns the number of sampled spans (engine requests) in the sample.
+    Mask-0 spans are checked as canonical tokenizations of the template text they decode to (the agent's
+    requests are Anthropic or Responses bodies the gateway translates). Returns the number of sampled spans.
     """
     tok = st.tokenizer
     tokens = np.asarray(doc["tokens"])
-    n = doc["response_length"]
-    p = len(tokens) - n
-    mask = np.asarray(doc["loss_mask"])
-    logprobs = np.asarray(doc["rollout_log_probs"])
-    rids = doc["metadata"]["engine_rids"]
-    runs = [(p + a, p + b) for a, b in mask_runs(mask)]
-    assert len(runs) == len(rids) and runs, (len(runs), rids)
-    for (a, b), rid in zip(runs, rids, strict=True):
-        ex = st.recorder.by_rid[rid]
-        assert tokens[a:b].tolist() == ex.output_ids
-        np.testing.assert_allclose(logprobs[a - p : b - p], ex.logprobs, atol=1e-6)
-        assert ex.input_ids == tokens[:a].tolist()
-    # Mask 0: the prompt and every increment are what the template text they spell tokenizes to.
+    runs = check_engine_spans(st, doc)
+    assert runs
     spans = [(0, runs[0][0])] + [(runs[k - 1][1], runs[k][0]) for k in range(1, len(runs))]
     for a, b in spans:
         text = tok.decode(tokens[a:b].tolist())
         assert tokens[a:b].tolist() == tok.encode(text, add_special_tokens=False)
         assert "<|im_start|>assistant\n" in text[-40:], text[-200:]
-    r = httpx.post(
-        st.engine + "/generate",
-        json={"input_ids": tokens.tolist(), "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-              "return_logprob": True, "logprob_start_len": 0},
-        timeout=600,
-    )  # fmt: skip
-    r.raise_for_status()
-    forced = [e[0] for e in r.json()["meta_info"]["input_token_logprobs"]]
-    for a, b in runs:
-        np.testing.assert_allclose(logprobs[a - p : b - p], forced[a:b], atol=1e-4)
+    check_forced_logprobs(st, doc, runs)
     return len(runs)
 
 

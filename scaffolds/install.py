@@ -68,8 +68,9 @@ def npm_check(prefix: str, package: str, version: str) -> str:
 def npm_install(prefix: str, package: str, version: str) -> str:
     """A shell command: nothing if `package@version` is under `prefix`, else `npm install` it there.
 
-    npm's download cache goes under the prefix too (the sandbox's HOME may be a fresh directory
-    per run), and a sandbox without Node.js and npm fails with a message saying so.
+    npm's download cache goes under the prefix (the sandbox's HOME may be a fresh directory per
+    run) and is removed once installed (it doubles the prefix's size: Claude Code's is 400 MB); a
+    sandbox without Node.js and npm fails with a message saying so.
     """
     p = shlex.quote(prefix)
     why = f"rlgw: {package} needs Node.js (18 or newer) and npm on PATH (apt-get install nodejs npm)"
@@ -77,5 +78,5 @@ def npm_install(prefix: str, package: str, version: str) -> str:
         f"{npm_check(prefix, package, version)} >/dev/null 2>&1 || ("
         f"command -v npm >/dev/null || {{ echo {shlex.quote(why)} >&2; exit {MISSING_RUNTIME}; }}; "
         f"mkdir -p {p} && npm install --prefix {p} --cache {p}/.npm-cache --no-save --no-audit --no-fund "
-        f"--loglevel=error {shlex.quote(f'{package}@{version}')})"
+        f"--loglevel=error {shlex.quote(f'{package}@{version}')} && rm -rf {p}/.npm-cache)"
     )

@@ -29,9 +29,9 @@ import zstandard as zstd
 
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.errors import CheckpointError, DigestMismatch, VersionError
-from rlgw.sync.fileio import CHUNK, Progress, default_workers, scratch
+from rlgw.sync.fileio import CHUNK, default_workers, scratch
 from rlgw.sync.full import NamedBytes
-from rlgw.sync.parallel import OrderedDigest, Pool, segments, steps
+from rlgw.sync.parallel import OrderedDigest, Pool, Progress, segments, steps
 from rlgw.sync.rewrite import Target, rewrite
 from rlgw.sync.stfile import DTYPE_SIZES, SafetensorsFile, write_file
 

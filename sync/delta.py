@@ -261,6 +261,28 @@ def write_delta_version(
     return index
 
 
+def _fill(reader: zstd.ZstdDecompressionReader, buf: np.ndarray, where: str) -> int:
+    """Decompress into `buf` until it is full or the stream ends; returns the bytes written."""
+    view = memoryview(buf).cast("B")
+    got = 0
+    try:
+        while got < len(view):
+            n = reader.readinto(view[got:])
+            if n == 0:
+                break
+            got += n
+    except zstd.ZstdError as exc:
+        raise CheckpointError(f"{where} is corrupt ({exc})") from exc
+    return got
+
+
+def _at_end(reader: zstd.ZstdDecompressionReader, where: str) -> bool:
+    try:
+        return not reader.read(1)
+    except zstd.ZstdError as exc:
+        raise CheckpointError(f"{where} is corrupt ({exc})") from exc
+
+
 class _XorPatch:
     """XORs a tensor's dense XOR stream (zstd frames, read in order) into each step."""
 
@@ -272,24 +294,13 @@ class _XorPatch:
 
     def __call__(self, out: np.ndarray, src: np.ndarray, pos: int) -> None:
         buf = scratch("xor", out.size)
-        view = memoryview(buf).cast("B")
-        got = 0
-        try:
-            while got < out.size:
-                n = self.reader.readinto(view[got:])
-                if n == 0:
-                    raise CheckpointError(f"delta payload ends at byte {pos + got}: truncated")
-                got += n
-        except zstd.ZstdError as exc:
-            raise CheckpointError(f"{self.where} is corrupt ({exc})") from exc
+        got = _fill(self.reader, buf, self.where)
+        if got < out.size:
+            raise CheckpointError(f"delta payload ends at byte {pos + got}: truncated")
         np.bitwise_xor(_wide(src), _wide(buf), out=_wide(out))
 
     def finish(self) -> None:
-        try:
-            extra = self.reader.read(1)
-        except zstd.ZstdError as exc:
-            raise CheckpointError(f"{self.where} is corrupt ({exc})") from exc
-        if extra:
+        if not _at_end(self.reader, self.where):
             raise CheckpointError("delta payload is longer than its tensor")
 
 
@@ -299,28 +310,39 @@ def _gap_width(numel: int) -> int:
 
 
 class _SparsePatch:
-    """Copies each step and writes (overwrite) or XORs (sparse xor) the tensor's changed elements into it."""
+    """Copies each step and writes (overwrite) or XORs (sparse xor) the tensor's changed elements into it.
 
-    sequential = False
+    A tensor of one segment is patched by one unit (`sequential`), so its decoded positions and
+    values live in that thread's scratch buffers: no fresh memory per tensor (fresh pages cost a
+    fault each here, and a munmap stalls the other threads' faults). A bigger tensor's patch is
+    shared by its segments' units and owns its arrays.
+    """
 
     def __init__(self, payload: memoryview, rec: ck.TensorRecord, where: str) -> None:
         self.xor = rec.encoding == "xor"
         item = DTYPE_SIZES[rec.dtype]
         numel = int(np.prod(rec.shape, dtype=np.int64))
+        self.sequential = len(segments(numel * item)) == 1
         gw = _gap_width(numel)
-        try:
-            raw = zstd.ZstdDecompressor().decompress(payload, max_output_size=rec.count * (gw + item))
-        except zstd.ZstdError as exc:
-            raise CheckpointError(f"{where} is corrupt ({exc})") from exc
-        if len(raw) != rec.count * (gw + item):
-            raise CheckpointError(f"sparse payload has {len(raw)} bytes, expected {rec.count * (gw + item)}")
-        gaps = np.frombuffer(raw, dtype=_UINT[gw], count=rec.count)
+        size = rec.count * (gw + item)
+        if self.sequential:
+            raw, idx = scratch("sparse", size), scratch("sparse-idx", rec.count * 8).view(np.int64)
+        else:
+            raw, idx = np.empty(size, np.uint8), np.empty(rec.count, np.int64)
+        reader = zstd.ZstdDecompressor().stream_reader(payload, read_across_frames=True)
+        got = _fill(reader, raw, where)
+        if got < size or not _at_end(reader, where):
+            raise CheckpointError(
+                f"sparse payload has {got if got < size else 'more than ' + str(size)} bytes, expected {size}"
+            )
+        gaps = raw[: rec.count * gw].view(_UINT[gw])
         if rec.count and gaps.min() < 1:
             raise CheckpointError("sparse payload has non-increasing positions")
-        self.idx = np.cumsum(gaps, dtype=np.int64) - 1
+        self.idx = np.cumsum(gaps, dtype=np.int64, out=idx)
+        self.idx -= 1
         if rec.count and self.idx[-1] >= numel:
             raise CheckpointError(f"sparse position {self.idx[-1]} beyond {numel} elements")
-        self.vals = np.frombuffer(raw, dtype=_UINT[item], offset=rec.count * gw)
+        self.vals = raw[rec.count * gw :].view(_UINT[item])
         self.item = item
 
     def __call__(self, out: np.ndarray, src: np.ndarray, pos: int) -> None:

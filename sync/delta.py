@@ -11,10 +11,10 @@ Encodings, per changed tensor (unchanged tensors are omitted from the files, kep
 Both run in segments on a few threads (`rlgw.sync.parallel`; numpy, zstd and xxhash release the
 GIL): encoding compares each step of new and base 8 bytes at a time and hashes it in order while it
 is in cache; the dense frames are compressed in parallel. Applying writes the new full version
-through `rlgw.sync.rewrite` (mapped files, one copy per byte). `apply_delta` never touches its base:
-it writes a new full version into a directory the caller publishes, checking the base version, every
-tensor's base digest before and its new digest after. Versions, staging and engines are not this
-module's.
+through `rlgw.sync.rewrite` (the base mapped, each step patched in cache and written once).
+`apply_delta` never touches its base: it writes a new full version into a directory the caller
+publishes, checking the base version, every tensor's base digest before and its new digest after.
+Versions, staging and engines are not this module's.
 """
 
 from __future__ import annotations
@@ -292,12 +292,13 @@ class _XorPatch:
         self.where = where
         self.reader = zstd.ZstdDecompressor().stream_reader(payload, read_across_frames=True)
 
-    def __call__(self, out: np.ndarray, src: np.ndarray, pos: int) -> None:
-        buf = scratch("xor", out.size)
+    def __call__(self, src: np.ndarray, pos: int) -> np.ndarray:
+        buf = scratch("xor", src.size)
         got = _fill(self.reader, buf, self.where)
-        if got < out.size:
+        if got < src.size:
             raise CheckpointError(f"delta payload ends at byte {pos + got}: truncated")
-        np.bitwise_xor(_wide(src), _wide(buf), out=_wide(out))
+        np.bitwise_xor(_wide(src), _wide(buf), out=_wide(buf))
+        return buf
 
     def finish(self) -> None:
         if not _at_end(self.reader, self.where):
@@ -314,7 +315,7 @@ class _SparsePatch:
 
     A tensor of one segment is patched by one unit (`sequential`), so its decoded positions and
     values live in that thread's scratch buffers: no fresh memory per tensor (fresh pages cost a
-    fault each here, and a munmap stalls the other threads' faults). A bigger tensor's patch is
+    fault each here, and a munmap stalls the other threads). A bigger tensor's patch is
     shared by its segments' units and owns its arrays.
     """
 
@@ -345,7 +346,8 @@ class _SparsePatch:
         self.vals = raw[rec.count * gw :].view(_UINT[item])
         self.item = item
 
-    def __call__(self, out: np.ndarray, src: np.ndarray, pos: int) -> None:
+    def __call__(self, src: np.ndarray, pos: int) -> np.ndarray:
+        out = scratch("step", src.size)
         np.copyto(out, src)
         lo, hi = pos // self.item, (pos + out.size) // self.item
         a, b = np.searchsorted(self.idx, [lo, hi])
@@ -354,6 +356,7 @@ class _SparsePatch:
             view[at] ^= self.vals[a:b]  # positions are unique, so fancy-index XOR is exact
         else:
             view[at] = self.vals[a:b]
+        return out
 
     def finish(self) -> None:
         pass

@@ -1,20 +1,17 @@
-"""File I/O shared by the full and delta paths: positional writes, mapped outputs, scratch buffers.
+"""File I/O shared by the full and delta paths: positional writes, recycled outputs, scratch buffers.
 
 Bytes move between memory, files and reusable per-thread scratch buffers without Python-level byte
-objects: `pwrite_all` fills fresh files (kernel copies, no page fault per page), `OutputMap` lets
-several threads fill disjoint ranges of one recycled file at memcpy speed, and `scratch` hands each
-thread buffers that are touched once. It knows nothing about versions or encodings.
+objects: `pwrite_all` writes from any buffer (a kernel copy, no page fault per page), `open_output`
+reuses a retired file's cached pages, and `scratch` hands each thread buffers that are touched
+once. It knows nothing about versions or encodings.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 
 import numpy as np
-
-from rlgw.sync.errors import CheckpointError
 
 CHUNK = 4 << 20  # bytes of tensor per dense-XOR zstd frame, and the least size of a scratch buffer
 
@@ -60,42 +57,3 @@ def open_output(path: os.PathLike | str, size: int) -> int:
         os.close(fd)
         raise
     return fd
-
-
-class OutputMap:
-    """An output file of exactly `size` bytes, its blocks reserved, mapped writable as a flat uint8 array.
-
-    Threads fill disjoint ranges of `array` with plain memory copies: unlike `pwrite`, which holds
-    the file's inode lock (one writer at a time on ext4) and copies through the kernel, stores into
-    a shared mapping run in parallel at memcpy speed, and the page cache writes them back as usual
-    (the caller's fsync covers them once the map is closed). The blocks are reserved first
-    (`posix_fallocate`), so a full disk is an `OSError` here, never a SIGBUS on a store. An
-    existing file is reused, as in `open_output`.
-    """
-
-    def __init__(self, path: os.PathLike | str, size: int) -> None:
-        self.fd = open_output(path, size)
-        self._mm: mmap.mmap | None = None
-        try:
-            if size:
-                os.posix_fallocate(self.fd, 0, size)
-                self._mm = mmap.mmap(
-                    self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
-                )
-        except OSError as exc:
-            os.close(self.fd)
-            raise CheckpointError(f"{path}: cannot reserve {size} bytes for writing ({exc})") from exc
-        self.array: np.ndarray = (
-            np.frombuffer(self._mm, dtype=np.uint8) if self._mm else np.empty(0, np.uint8)
-        )
-
-    def close(self) -> None:
-        """Unmap and close; views of `array` must not be used afterwards."""
-        self.array = np.empty(0, np.uint8)
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:
-                pass  # a view is still alive somewhere: the mapping goes when it is collected
-            self._mm = None
-        os.close(self.fd)

@@ -151,8 +151,8 @@ class OrderedDigest:
     """The xxh3-128 of a tensor's bytes, fed step by step in order while steps finish in any order.
 
     `done(k)` marks step `k` (of `ranges`) as produced; the caller then hashes it and every later
-    produced step, unless another thread is already hashing. Returns True to exactly one caller: the
-    one that hashed the last step (`hexdigest()` is then final).
+    produced step, unless another thread is already hashing or an earlier step is missing. Returns
+    True to exactly one caller: the one that hashed the last step (`hexdigest()` is then final).
     """
 
     def __init__(self, data: np.ndarray, ranges: list[tuple[int, int]]) -> None:
@@ -163,7 +163,11 @@ class OrderedDigest:
         self._busy = False
         self._lock = threading.Lock()
 
-    def done(self, k: int) -> bool:
+    def done(self, k: int, hot: np.ndarray | None = None) -> bool:
+        """Mark step `k` produced; `hot`, if given, holds its bytes now (e.g. a scratch buffer in cache).
+
+        Step `k` is hashed from `hot` if this call hashes it; a step hashed later comes from `data`.
+        """
         with self._lock:
             self._ready[k] = True
             if self._busy:
@@ -176,7 +180,7 @@ class OrderedDigest:
                     self._busy = False
                     return False
             lo, hi = self.ranges[i]
-            self._h.update(self.data[lo:hi])
+            self._h.update(hot if i == k and hot is not None else self.data[lo:hi])
             with self._lock:
                 self._next = i + 1
                 if self._next == len(self.ranges):

@@ -1,11 +1,14 @@
 """Write a full version's files from another full version's files, tensor by tensor, on threads.
 
-`rewrite` maps each safetensors file of the source read-only and, with an output directory, a
-same-sized output file writable (`OutputMap`). Every tensor is split into segments that threads pick
-up (`rlgw.sync.parallel`); each step of a segment is copied from the source mapping to the output
-mapping, patched if the tensor has a `Patch`, and hashed in order while still in cache; the
-tensor's digest must then equal the expected one. Without an output directory the source bytes are
-only hashed (verification in place). Nothing is read into Python objects and nothing is copied twice.
+`rewrite` maps each safetensors file of the source read-only and writes a same-sized output file
+with `pwrite` (a shared writable mapping was measured slower here: every page faults through
+ext4's page_mkwrite, and two threads faulting in one process stall each other). Every tensor is
+split into segments that threads pick up (`rlgw.sync.parallel`); each step of a segment is patched
+if the tensor has a `Patch` (into a per-thread scratch buffer) or else written straight from the
+source mapping, and hashed in order while still in cache; the tensor's digest must then equal the
+expected one. A step whose turn to be hashed comes later is hashed from the output file's page
+cache (mapped read-only) instead. Without an output directory the source bytes are only hashed
+(verification in place). Nothing is read into Python objects.
 
 `apply_delta` (patches decoded from a delta) and `copy_verified` (no patches) use it; it knows no
 encodings and does not publish anything (the caller renames the output directory into place).
@@ -13,6 +16,8 @@ encodings and does not publish anything (the caller renames the output directory
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rlgw.sync.fileio import OutputMap
+from rlgw.sync.fileio import open_output, pwrite_all
 from rlgw.sync.parallel import OrderedDigest, Pool, Progress, segments, steps
 from rlgw.sync.stfile import SafetensorsFile
 
@@ -28,11 +33,15 @@ from rlgw.sync.stfile import SafetensorsFile
 class Patch(Protocol):
     """Turns a tensor's source bytes into its new bytes, one step at a time."""
 
-    # True when steps must be produced in order by one thread (a compressed stream).
+    # True when steps must be produced in order by one thread (a compressed stream, or buffers
+    # that live in one thread's scratch).
     sequential: bool
 
-    def __call__(self, out: np.ndarray, src: np.ndarray, pos: int) -> None:
-        """Write into `out` the new bytes of the step at tensor offset `pos`, whose source is `src`."""
+    def __call__(self, src: np.ndarray, pos: int) -> np.ndarray:
+        """The new bytes of the step at tensor offset `pos` whose source bytes are `src`.
+
+        The result may be this thread's scratch buffer: valid until the thread's next call.
+        """
 
     def finish(self) -> None:
         """Check, after the last step, that the patch was consumed exactly."""
@@ -51,6 +60,34 @@ class Target:
     patch: Callable[[], Patch] | None = None
 
 
+class _File:
+    """A source file mapped read-only and, when writing, its output twin (fd, and a read-only map)."""
+
+    def __init__(self, src: Path, dst: Path | None) -> None:
+        self.sf = SafetensorsFile(src)
+        self.fd: int | None = None
+        self._out_mm: mmap.mmap | None = None
+        self.src = np.frombuffer(self.sf.buffer(), dtype=np.uint8)
+        self.out: np.ndarray | None = None
+        if dst is not None:
+            self.fd = open_output(dst, self.src.size)
+            pwrite_all(self.fd, self.src[: self.sf.data_start], 0)
+            self._out_mm = mmap.mmap(self.fd, self.src.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            self.out = np.frombuffer(self._out_mm, dtype=np.uint8)
+
+    def close(self) -> None:
+        """Drop the views, then unmap and close (a view alive elsewhere keeps its map until collected)."""
+        self.src = self.out = None
+        if self._out_mm is not None:
+            try:
+                self._out_mm.close()
+            except BufferError:
+                pass
+        if self.fd is not None:
+            os.close(self.fd)
+        self.sf.close()
+
+
 def rewrite(
     src_dir: Path,
     targets: list[Target],
@@ -64,55 +101,32 @@ def rewrite(
     Every source file named by a target is mapped; its output twin has the same size and the same
     header. Targets must cover every data byte of the files that are written.
     """
-    maps: list[tuple[SafetensorsFile, OutputMap | None]] = []
-    views: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+    files: dict[str, _File] = {}
     pool = Pool(workers)
     try:
-        for fname in dict.fromkeys(t.file for t in targets):
-            sf = SafetensorsFile(src_dir / fname)
-            maps.append((sf, None))
-            src = np.frombuffer(sf.buffer(), dtype=np.uint8)
-            out = None
-            if dst_dir is not None:
-                out = OutputMap(dst_dir / fname, src.size)
-                maps[-1] = (sf, out)
-                out.array[: sf.data_start] = src[: sf.data_start]
-            views[fname] = (src, None if out is None else out.array)
         for t in targets:
-            src, out = views[t.file]
-            end = t.start + t.nbytes
-            _Tensor(pool, t, src[t.start : end], None if out is None else out[t.start : end], mismatch)
-        views.clear()
-        src = out = None
+            if t.file not in files:
+                files[t.file] = _File(src_dir / t.file, None if dst_dir is None else dst_dir / t.file)
+            _Tensor(pool, t, files[t.file], mismatch)
         pool.wait(progress)
     finally:
-        # Every view goes before its mapping (an error's traceback holds this frame): nothing stays mapped.
-        views.clear()
-        src = out = None
-        for sf, out in maps:
-            if out is not None:
-                out.close()
-            sf.close()
+        for f in files.values():
+            f.close()
 
 
 class _Tensor:
     """One target's units: one per segment, or a single one for a sequential patch.
 
-    Units are bound methods, never closures: a failed unit's frames are cleared (`Pool.wait`), and
-    a closure would keep the mapped views alive through its cells.
+    Units are bound methods holding no view themselves (the views live in `_File`, dropped on
+    close): a failed unit's frames go with its error (`Pool`), and nothing keeps a map alive.
     """
 
-    def __init__(
-        self,
-        pool: Pool,
-        t: Target,
-        src: np.ndarray,
-        out: np.ndarray | None,
-        mismatch: Callable[[str, str], Exception],
-    ) -> None:
-        self.pool, self.t, self.src, self.out, self.mismatch = pool, t, src, out, mismatch
+    def __init__(self, pool: Pool, t: Target, f: _File, mismatch: Callable[[str, str], Exception]) -> None:
+        self.pool, self.t, self.f, self.mismatch = pool, t, f, mismatch
         ranges = [s for lo, hi in segments(t.nbytes) for s in steps(lo, hi)] or [(0, 0)]
-        self.digest = OrderedDigest(src if out is None else out, ranges)
+        # What a late step is hashed from: the output's page cache, or the source when only verifying.
+        data = f.src if f.out is None or t.patch is None else f.out
+        self.digest = OrderedDigest(data[t.start : t.start + t.nbytes], ranges)
         self.first_step = {lo: k for k, (lo, _) in enumerate(ranges)}
         if t.patch is None:
             for lo, hi in segments(t.nbytes):
@@ -130,15 +144,14 @@ class _Tensor:
             self.pool.submit(self._run, patch, lo, hi)
 
     def _run(self, patch: Patch | None, lo: int, hi: int) -> None:
-        src, out = self.src, self.out
+        f, start = self.f, self.t.start
         k = self.first_step[lo]
         for a, b in steps(lo, hi) or [(lo, hi)]:
-            if out is not None:
-                if patch is None:
-                    np.copyto(out[a:b], src[a:b])
-                else:
-                    patch(out[a:b], src[a:b], a)
+            src = f.src[start + a : start + b]
+            new = src if patch is None else patch(src, a)
+            if f.fd is not None:
+                pwrite_all(f.fd, new, start + a)
             self.pool.report(b - a)
-            if self.digest.done(k) and self.digest.hexdigest() != self.t.digest:
+            if self.digest.done(k, new) and self.digest.hexdigest() != self.t.digest:
                 raise self.mismatch(self.t.name, self.digest.hexdigest())
             k += 1

@@ -70,16 +70,18 @@ def _changes(new: np.ndarray, old: np.ndarray, item: int, xor: bool) -> tuple[np
     ui = _UINT[item]
     n8 = new.size - new.size % 8
     a, b = new[:n8].view(np.uint64), old[:n8].view(np.uint64)
-    flags = scratch("flags", a.size).view(np.bool_)
-    np.not_equal(a, b, out=flags)
+    flags = scratch("flags", a.size + 8)[: a.size + (-a.size % 8)].view(np.bool_)
+    flags[a.size :] = False
+    np.not_equal(a, b, out=flags[: a.size])
     pos, vals = [np.empty(0, np.int64)], [np.empty(0, ui)]
     if np.count_nonzero(flags):
+        w = _flagged(flags)
         shift = (8 // item).bit_length() - 1  # log2 of the elements per word
-        w = np.flatnonzero(flags)
-        x = (a[w] ^ b[w]).view(ui)
+        aw = a[w]
+        x = (aw ^ b[w]).view(ui)
         j = np.flatnonzero(x != 0)
         pos.append((w[j >> shift] << shift) | (j & ((1 << shift) - 1)))
-        vals.append(x[j] if xor else a[w].view(ui)[j])
+        vals.append(x[j] if xor else aw.view(ui)[j])
     if n8 < new.size:
         tn, to = new[n8:].view(ui), old[n8:].view(ui)
         j = np.flatnonzero(tn != to)
@@ -88,6 +90,18 @@ def _changes(new: np.ndarray, old: np.ndarray, item: int, xor: bool) -> tuple[np
     if len(pos) == 2:
         return pos[1], vals[1]
     return np.concatenate(pos), np.concatenate(vals)
+
+
+def _flagged(flags: np.ndarray) -> np.ndarray:
+    """`np.flatnonzero(flags)` for a bool array whose size is a multiple of 8, in two levels.
+
+    numpy scans a bool array for nonzero at about one element per ns; looking at 8 flags at a time
+    first (one uint64 each) and then only inside the groups that have one costs about half.
+    """
+    words = flags.view(np.uint64)
+    groups = np.flatnonzero(words)
+    inner = np.flatnonzero(words[groups].view(np.bool_))
+    return (groups[inner >> 3] << 3) | (inner & 7)
 
 
 _compressors = threading.local()

@@ -4,7 +4,9 @@ Prints GB/s of model bytes for each path beside the reference the issue names, m
 and interleaved with it (reference, path, reference, path...: on a shared machine both see the same
 load): a single-threaded memcpy for delta encode (goal 0.5x) and apply (goal 0.8x), a plain `cp` of
 the same bytes for a full version's write (goal 1.0x: disk speed), and raw torch.distributed gloo for
-the broadcast. Best of `--reps` each; run it twice and read the figures as a range.
+the broadcast. Best of `--reps` each; run it twice and read the figures as a range. Each line also
+gives GB per CPU-second of the path and of its reference: on a machine whose cores others use, the
+wall ratio is what the path got and the CPU ratio what it costs.
 
     python -m bench.sync                 # 512 MiB model, 1% of elements changed
     python -m bench.sync --mib 1024 --changed 0.05 --workers 2 --skip-broadcast
@@ -64,15 +66,17 @@ def timed(fn, reps: int = 3) -> float:
     return best
 
 
-def beside(fn, ref, reps: int) -> tuple[float, float, float]:
-    """(best seconds of `fn`, its CPU seconds, best seconds of `ref`), the two run alternately."""
-    best, cpu, ref_best = float("inf"), 0.0, float("inf")
+def beside(fn, ref, reps: int) -> tuple[float, float, float, float]:
+    """(best seconds of `fn`, its CPU seconds, best seconds of `ref`, its CPU seconds), run alternately."""
+    best, cpu, ref_best, ref_cpu = float("inf"), 0.0, float("inf"), 0.0
     for _ in range(reps):
-        ref_best = min(ref_best, timed(ref, 1))
+        dt = timed(ref, 1)
+        if dt < ref_best:
+            ref_best, ref_cpu = dt, timed.cpu
         dt = timed(fn, 1)
         if dt < best:
             best, cpu = dt, timed.cpu
-    return best, cpu, ref_best
+    return best, cpu, ref_best, ref_cpu
 
 
 class Memcpy:
@@ -94,13 +98,19 @@ def limits(nbytes: int) -> dict[str, float]:
 
 
 def line(
-    label: str, nbytes: int, secs: float, cpu: float, ref_label: str, ref_secs: float, goal: float
+    label: str, nbytes: int, run: tuple[float, float, float, float], ref_label: str, goal: float
 ) -> None:
-    """One path's figures: GB/s, the reference's GB/s beside it, the ratio and its goal, GB per CPU-s."""
+    """One path's figures: GB/s and the reference's beside it, their ratio and goal, and the same for CPU.
+
+    On a loaded machine wall GB/s is what the path got and the CPU ratio (GB per CPU-second, path
+    over reference) what it costs; the wall ratio equals it only when both get whole cores.
+    """
+    secs, cpu, ref_secs, ref_cpu = run
     gbs, ref = nbytes / secs / GB, nbytes / ref_secs / GB
+    per_cpu, ref_per_cpu = nbytes / max(cpu, 1e-9) / GB, nbytes / max(ref_cpu, 1e-9) / GB
     print(
-        f"{label:28s} {gbs:6.2f} GB/s  {ref_label} {ref:6.2f} GB/s  ratio {gbs / ref:4.2f}x (goal {goal})  "
-        f"CPU {nbytes / max(cpu, 1e-9) / GB:5.2f} GB per CPU-s"
+        f"{label:22s} {gbs:5.2f} GB/s  {ref_label} {ref:5.2f} GB/s  ratio {gbs / ref:4.2f}x (goal {goal})  "
+        f"| CPU {per_cpu:5.2f} GB/CPU-s, {ref_label.strip()} {ref_per_cpu:5.2f}: {per_cpu / ref_per_cpu:.2f}x"
     )
 
 
@@ -123,9 +133,9 @@ def full_writes(args: argparse.Namespace, base: list[NamedBytes], work: Path) ->
         os.unlink(work / "cp.bin")
 
     for durable in (False, True):
-        secs, cpu, ref = beside(lambda d=durable: ours(d), lambda d=durable: cp(d), args.reps)
+        run = beside(lambda d=durable: ours(d), lambda d=durable: cp(d), args.reps)
         label = "full write" + (", fsync" if durable else ", no fsync")
-        line(label, size, secs, cpu, "cp" + (" + sync" if durable else "     "), ref, 1.0)
+        line(label, size, run, "cp" + (" + sync" if durable else "       "), 1.0)
     return index0
 
 
@@ -150,8 +160,7 @@ def disk_paths(args: argparse.Namespace) -> None:
                     work / "pub", v, index0, pairs, enc, level=args.level, durable=False, workers=args.workers
                 )
 
-            secs, cpu, ref = beside(encode, mc, args.reps)
-            line(f"{enc} encode", size, secs, cpu, "memcpy", ref, 0.5)
+            line(f"{enc} encode", size, beside(encode, mc, args.reps), "memcpy   ", 0.5)
             stored = (target / DELTA_FILE).stat().st_size
             out = work / f"out-{enc}"
             out.mkdir()
@@ -161,9 +170,8 @@ def disk_paths(args: argparse.Namespace) -> None:
                 # recycles the retired local version (fresh pages cost a fault each on this VM).
                 apply_delta(work / "pub" / ck.version_dirname(0), target, out, workers=args.workers)
 
-            secs, cpu, ref = beside(apply, mc, args.reps)
-            line(f"{enc} apply", size, secs, cpu, "memcpy", ref, 0.8)
-            print(f"{'':28s} on disk {stored / 2**20:.2f} MiB (1/{size / stored:.0f} of the model)")
+            line(f"{enc} apply", size, beside(apply, mc, args.reps), "memcpy   ", 0.8)
+            print(f"{'':22s} on disk {stored / 2**20:.2f} MiB (1/{size / stored:.0f} of the model)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -25,6 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
+from rlgw.sync.errors import CheckpointError
 from rlgw.sync.fileio import open_output, pwrite_all
 from rlgw.sync.parallel import OrderedDigest, Pool, Progress, segments, steps
 from rlgw.sync.stfile import SafetensorsFile
@@ -70,9 +71,13 @@ class _File:
         self.src = np.frombuffer(self.sf.buffer(), dtype=np.uint8)
         self.out: np.ndarray | None = None
         if dst is not None:
-            self.fd = open_output(dst, self.src.size)
-            pwrite_all(self.fd, self.src[: self.sf.data_start], 0)
-            self._out_mm = mmap.mmap(self.fd, self.src.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            try:
+                self.fd = open_output(dst, self.src.size)
+                pwrite_all(self.fd, self.src[: self.sf.data_start], 0)
+                self._out_mm = mmap.mmap(self.fd, self.src.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            except OSError as exc:
+                self.close()
+                raise CheckpointError(f"{dst}: cannot write ({exc})") from exc
             self.out = np.frombuffer(self._out_mm, dtype=np.uint8)
 
     def close(self) -> None:

@@ -48,6 +48,7 @@ from rlgw.gateway.store import TrajectoryStore
 from rlgw.gateway.template_probe import probe_template
 from rlgw.gateway.tenant_store import TenantStore
 from rlgw.gateway.tenants import KeyTable
+from rlgw.gateway.vllm_backend import make_backend
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class GatewayConfig:
 
     engine_url: str
     data_dir: Path
+    engine_kind: str = "sglang"  # or "vllm" (`vllm_backend.py`)
     tokenizer: str | None = None  # default: the engine's tokenizer_path
     chat_template: str | None = None  # a Jinja file (or text) overriding the tokenizer's template
     tool_parser: str = "auto"
@@ -124,7 +126,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        backend = MeteredBackend(SGLangBackend(config.engine_url))
+        backend = MeteredBackend(make_backend(config.engine_kind, config.engine_url))
         store = TrajectoryStore.open(config.data_dir)
         tenant_store = TenantStore.open(config.data_dir)
         try:
@@ -151,6 +153,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
                     "--allow-template-mismatch"
                 )
             app.state.backend = backend
+            # How the engine's logprobs relate to the logits, for the samples (None: SGLang's default).
+            app.state.engine_semantics = info.get("engine")
             app.state.profile = profile
             app.state.vocab_size = len(profile.tokenizer)
             app.state.store = store

@@ -213,6 +213,8 @@ async def _store_samples(request: Request, session: Session, body: SessionFinish
         "turns": session.turns,
         "failed_turns": session.failed_turns,
     }
+    if getattr(state, "engine_semantics", None):  # a non-SGLang engine: how to reproduce its logprobs
+        metadata["engine"] = state.engine_semantics
     built = ledger.build_samples(
         reward=body.reward,
         # None: each sample's status describes its own segment's end (cut by length: truncated).

@@ -35,6 +35,7 @@ from rlgw.gateway.backend import (
     StreamUpdate,
     _raise_if_aborted,
     _upstream_errors,
+    sse_docs,
 )
 from rlgw.gateway.errors import InvalidRequest, StartupError, UpstreamError
 
@@ -155,7 +156,14 @@ class VLLMBackend(SGLangBackend):
         self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], rid: str, stream: bool
     ) -> tuple[bytes, dict[str, Any], int]:
         sp = vllm_sampling(sampling)
-        body = {"request_id": rid, "sampling_params": sp, "stream": stream, "output_mode": "tokens"}
+        body: dict[str, Any] = {
+            "request_id": rid,
+            "sampling_params": sp,
+            "stream": stream,
+            "output_mode": "tokens",
+        }
+        if stream:  # a last chunk with the usage (cached prompt tokens, where the server counts them)
+            body["stream_options"] = {"include_usage": True}
         ids = orjson.dumps(np.asarray(input_ids, dtype=np.int64), option=orjson.OPT_SERIALIZE_NUMPY)
         return b"".join((b'{"token_ids":', ids, b",", orjson.dumps(body)[1:])), sp, sp["logprobs"]
 
@@ -191,20 +199,13 @@ class VLLMBackend(SGLangBackend):
         logprobs: list[float] = []
         top: list[list[tuple[float, int]]] | None = [] if top_n else None
         final: dict[str, Any] | None = None
+        usage: dict[str, Any] = {}
         done = False
         try:
             reply = await self._post(GENERATE, payload, routing_key)
             with _upstream_errors(self.base_url):
-                async for raw in reply.lines():
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    doc = orjson.loads(data)
-                    if "error" in doc:
-                        raise UpstreamError(f"engine stream error: {_message(doc)}")
+                async for doc in sse_docs(reply):
+                    usage = doc.get("usage") or usage
                     for choice in doc.get("choices") or []:
                         new = [int(t) for t in choice.get("token_ids") or []]
                         new_lp, new_top = _entries(choice, top_n) if new else ([], [] if top_n else None)
@@ -220,7 +221,7 @@ class VLLMBackend(SGLangBackend):
                             yield StreamUpdate(new, new_logprobs=new_lp, new_top=new_top)
             if final is None:
                 raise UpstreamError("the engine's stream ended before the generation finished")
-            result = _result(rid, ids, logprobs, top, final, {}, sp)
+            result = _result(rid, ids, logprobs, top, final, usage, sp)
             done = True
             _raise_if_aborted(result)
             yield StreamUpdate([], result)
@@ -294,11 +295,6 @@ def engine_semantics(version: str, logprobs_mode: str | None) -> dict[str, Any]:
         "logprobs": "raw" if mode == "raw_logprobs" else "processed",
         "greedy_below": VLLM_GREEDY_BELOW,
     }
-
-
-def _message(doc: dict[str, Any]) -> str:
-    err = doc.get("error")
-    return str(err.get("message", err)) if isinstance(err, dict) else str(err)
 
 
 ENGINE_KINDS = ("sglang", "vllm")

@@ -211,6 +211,11 @@ async def test_a_stream_yields_deltas_then_the_result() -> None:
             "request_id": "generate-tokens-r",
             "choices": [_choice(IDS[3:], LOGPROBS[3:], spans=[{"version": "v", "start": 0, "end": 8}])],
         },
+        {
+            "request_id": "generate-tokens-r",
+            "choices": [],
+            "usage": {"prompt_tokens": 19, "completion_tokens": 8},
+        },
     ]
     engine = Engine(chunks)
     updates = [
@@ -223,7 +228,11 @@ async def test_a_stream_yields_deltas_then_the_result() -> None:
     result = updates[-1].result
     assert result is not None and result.output_ids == IDS and result.logprobs == LOGPROBS
     assert result.weight_version == "v" and result.top_logprobs is not None and len(result.top_logprobs) == 8
-    assert engine.generate_bodies()[0]["stream"] is True and engine.aborted == []
+    assert result.prompt_tokens == 19
+    body = engine.generate_bodies()[0]
+    assert (
+        body["stream"] is True and body["stream_options"] == {"include_usage": True} and engine.aborted == []
+    )
 
 
 async def test_a_stream_cut_short_is_an_error_and_aborts() -> None:

@@ -152,7 +152,10 @@ def vllm_stack(model: Path, tmp: Path, *gateway_args: str) -> Iterator[Stack]:
     """vLLM on `model`, the recording proxy in front of it, and `rlgw serve --engine-kind vllm`."""
     with vllm_server(model, log=tmp / "vllm.log") as engine, recording_proxy(engine) as (proxy, recorder):
         port = free_port()
-        args = ["serve", "--engine-url", proxy, "--engine-kind", "vllm", "--port", str(port)]
+        # Warnings only: rlgw_process reads the gateway's output only when it exits, and a learning
+        # loop's info lines (hundreds of sessions) fill the pipe and stall the gateway.
+        args = ["--log-level", "warning", "serve", "--engine-url", proxy, "--engine-kind", "vllm"]
+        args += ["--port", str(port)]
         with rlgw_process([*args, "--data-dir", str(tmp / "store"), *gateway_args], "/health", port) as gw:
             tok = AutoTokenizer.from_pretrained(model)
             yield Stack(gw, engine, recorder, tok, forced_logprobs=vllm_forced_logprobs)

@@ -42,8 +42,13 @@ def _spread_rows(w: torch.Tensor, heads: int, d: int, wide: int, pos: torch.Tens
     return out.reshape(heads * wide, *w.shape[1:])
 
 
-def widen_heads(src: Path, dst: Path, head_dim: int = 64) -> Path:
-    """Write `src` (a Llama or Qwen3 checkpoint) with `head_dim`-wide heads to `dst`; returns `dst`."""
+def widen_heads(src: Path, dst: Path, head_dim: int = 64, *, untie: bool = False) -> Path:
+    """Write `src` (a Llama or Qwen3 checkpoint) with `head_dim`-wide heads to `dst`; returns `dst`.
+
+    `untie`: write the LM head as its own tensor (a copy of the embedding) and clear
+    `tie_word_embeddings`: the same function, but vLLM 0.32.0's in-place reload updates it (a tied
+    head keeps its old weights there; docs/ENGINES.md).
+    """
     cfg = json.loads((src / "config.json").read_text())
     d = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     if head_dim % d or head_dim <= d:
@@ -73,6 +78,9 @@ def widen_heads(src: Path, dst: Path, head_dim: int = 64) -> Path:
             norm[pos] = w if "q_norm" in name else w / math.sqrt(r)
             w = norm
         out[name] = w.contiguous()
+    if untie and cfg.get("tie_word_embeddings"):
+        out["lm_head.weight"] = out["model.embed_tokens.weight"].clone()
+        cfg["tie_word_embeddings"] = False
     dst.mkdir(parents=True, exist_ok=True)
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     cfg["head_dim"] = head_dim

@@ -16,8 +16,8 @@ from tests.support.wide_heads import widen_heads
 
 @pytest.fixture(scope="session")
 def qwen3_hd64(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny-qwen3 with 64-wide heads: what the session's vLLM serves."""
-    return widen_heads(tiny_qwen3, tmp_path_factory.mktemp("fixtures") / "tiny-qwen3-hd64")
+    """tiny-qwen3 with 64-wide heads and its own LM head: what the session's vLLM serves (and trains)."""
+    return widen_heads(tiny_qwen3, tmp_path_factory.mktemp("fixtures") / "tiny-qwen3-hd64", untie=True)
 
 
 @pytest.fixture(scope="session")

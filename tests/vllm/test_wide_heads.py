@@ -11,11 +11,14 @@ from transformers import AutoModelForCausalLM
 from tests.support.wide_heads import widen_heads
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-chatml"])
-def test_wider_heads_give_the_same_logits(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize(("name", "untie"), [("tiny-qwen3", True), ("tiny-chatml", False)])
+def test_wider_heads_give_the_same_logits(
+    name: str, untie: bool, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     src = request.getfixturevalue(name.replace("-", "_"))
-    wide = widen_heads(src, tmp_path / name)
-    assert AutoModelForCausalLM.from_pretrained(wide).config.head_dim == 64
+    wide = widen_heads(src, tmp_path / name, untie=untie)
+    config = AutoModelForCausalLM.from_pretrained(wide).config
+    assert config.head_dim == 64 and config.tie_word_embeddings is not untie
     ids = torch.randint(0, 4000, (1, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         a = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()(ids).logits

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
+from rlgw.gateway.engine_client.transport import HandlerTransport
+from rlgw.gateway.engine_client.vllm_backend import VLLMBackend, make_backend, vllm_sampling
 from rlgw.gateway.errors import InvalidRequest, StartupError, UpstreamAborted, UpstreamError
-from rlgw.gateway.transport import HandlerTransport
-from rlgw.gateway.vllm_backend import VLLMBackend, make_backend, vllm_sampling
 
 IDS = [510, 1171, 587, 1486, 369, 1008, 13, 4002]  # "The capital of France is Paris.<|im_end|>"
 LOGPROBS = [-0.00062, -0.00236, -0.00066, -0.0493, -0.00159, -0.0173, -0.0011, -0.0004]

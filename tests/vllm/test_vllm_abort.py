@@ -11,7 +11,7 @@ import re
 import httpx
 import pytest
 
-from rlgw.gateway.vllm_backend import VLLMBackend
+from rlgw.gateway.engine_client.vllm_backend import VLLMBackend
 from tests.support.e2e import Stack
 
 pytestmark = pytest.mark.slow

@@ -19,6 +19,7 @@ EXAMPLES = """examples:
   rlgw serve                                   # embedded engine (SmolLM2 on CPU) + gateway on :8000
   rlgw serve --model tests/fixtures/tiny-qwen3 # embedded engine on another checkpoint
   rlgw serve --engine-url http://router:30000  # in front of SGLang / sglang-router
+  rlgw serve --engine-url http://vllm:8000 --engine-kind vllm  # vLLM (serve it with --enable-scale-out)
   RLGW_TENANT_KEYS='team-a:KEY1,team-b:KEY2' rlgw serve --engine-url http://router:30000
 """
 
@@ -34,6 +35,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--engine-url", help="SGLang (or sglang-router) base URL; default: start the embedded engine"
+    )
+    p.add_argument(
+        "--engine-kind",
+        default="sglang",
+        choices=["sglang", "vllm", "auto"],
+        help="the protocol --engine-url speaks: sglang (also sglang-router and rlgw engine), vllm "
+        "(its /inference/v1/generate), or auto (asks the server; default: sglang)",
     )
     p.add_argument(
         "--model", default="smollm2", help="embedded engine's model: a checkpoint dir or 'smollm2'"
@@ -244,8 +252,14 @@ def run(args: argparse.Namespace) -> int:
     tenant_keys = _tenant_keys(args)
     with contextlib.ExitStack() as stack:
         engine_url = args.engine_url or stack.enter_context(embedded_engine(args))
+        kind = args.engine_kind if args.engine_url else "sglang"
+        if kind == "auto":
+            from rlgw.gateway.engine_client.vllm_backend import detect_engine_kind
+
+            kind = detect_engine_kind(engine_url)
         config = GatewayConfig(
             engine_url=engine_url,
+            engine_kind=kind,
             data_dir=args.data_dir or default_data_dir(),
             tokenizer=args.tokenizer,
             chat_template=args.chat_template,
@@ -263,7 +277,10 @@ def run(args: argparse.Namespace) -> int:
             default_limits=Limits(args.max_open_sessions, args.max_in_flight, args.max_tokens_per_minute),
             request_caps=RequestCaps(args.max_body_bytes, args.max_messages, args.max_tools),
         )
-        print(f"rlgw serve: gateway on http://{args.host}:{args.port} (engine {engine_url})", file=sys.stderr)
+        print(
+            f"rlgw serve: gateway on http://{args.host}:{args.port} ({kind} engine {engine_url})",
+            file=sys.stderr,
+        )
         uvicorn.run(
             create_app(config),
             host=args.host,

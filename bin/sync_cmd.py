@@ -11,6 +11,8 @@ EPILOG = """examples:
   # make every engine pull v2 into its host-local dir and reload; then prove it
   rlgw sync apply --root /shared/weights --version 2 --local-dir /nvme/rollout-ckpt \\
       --engine http://10.0.0.5:30000 --engine http://10.0.0.6:30000
+  rlgw sync apply --root /shared/weights --version 2 --local-dir /nvme/ckpt --engine-kind vllm \\
+      --engine http://10.0.0.7:8000   # vLLM: pulled here, reloaded in place
   rlgw sync status --root /shared/weights --engine http://10.0.0.5:30000 --engine http://10.0.0.6:30000
   # prefetch on a host without touching its engine; keep the 2 newest full versions
   rlgw sync apply --root /shared/weights --version 2 --local-dir /nvme/rollout-ckpt
@@ -53,6 +55,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     app.add_argument("--version", type=int, required=True, help="target version")
     app.add_argument("--engine", action="append", default=[], help="engine base URL (repeatable)")
     app.add_argument("--local-dir", default=None, help="host-local checkpoint directory")
+    app.add_argument(
+        "--engine-kind",
+        choices=("rlgw", "vllm"),
+        default="rlgw",
+        help="rlgw: engines that pull themselves (/pull_weights); vllm: pull here into --local-dir, then "
+        "reload each vLLM in place (needs VLLM_SERVER_DEV_MODE=1 on the server)",
+    )
 
     st = actions.add_parser(
         "status",
@@ -144,6 +153,12 @@ def _apply(args: argparse.Namespace) -> int:
             result = pull(root, args.version, local, progress=bar.update)
         state = "already there" if result.already else f"via {result.chain}"
         print(f"{result.path}: v{result.version} {state}, digest {result.checkpoint_digest}")
+        return 0
+    if args.engine_kind == "vllm":
+        from rlgw.sync.vllm_reload import apply_version
+
+        result = asyncio.run(apply_version(args.engine, root, args.version, local))
+        print(f"{len(args.engine)} vLLM engine(s) serve v{args.version} from {result.path}")
         return 0
     client = SyncClient(args.engine)
 

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from rlgw.gateway.engine_client.backend import SGLangBackend
+from rlgw.gateway.engine_client.vllm_backend import make_backend
 from rlgw.gateway.errors import StartupError, UpstreamError
 from rlgw.gateway.http.body_limits import RequestCaps
 from rlgw.gateway.http.errors import install_error_handlers, json_response
@@ -57,6 +58,7 @@ class GatewayConfig:
 
     engine_url: str
     data_dir: Path
+    engine_kind: str = "sglang"  # or "vllm" (`engine_client/vllm_backend.py`)
     tokenizer: str | None = None  # default: the engine's tokenizer_path
     chat_template: str | None = None  # a Jinja file (or text) overriding the tokenizer's template
     tool_parser: str = "auto"
@@ -123,7 +125,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        backend = MeteredBackend(SGLangBackend(config.engine_url))
+        backend = MeteredBackend(make_backend(config.engine_kind, config.engine_url))
         store = TrajectoryStore.open(config.data_dir)
         tenant_store = TenantStore.open(config.data_dir)
         try:

@@ -77,6 +77,8 @@ class SyncSpec(_Strict):
 
     kind: Literal["delta", "full"] = "delta"
     encoding: Literal["xor", "overwrite"] = "xor"
+    # rlgw: engines pull themselves (/pull_weights); vllm: pulled here, reloaded in place (vllm_reload.py).
+    engine_kind: Literal["rlgw", "vllm"] = "rlgw"
     full_every: int = Field(1000, ge=1)
     durable: bool = True
 

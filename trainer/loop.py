@@ -79,6 +79,7 @@ class WeightSync:
     encoding: str
     full_every: int
     durable: bool
+    engine_kind: str = "rlgw"
 
     def __post_init__(self) -> None:
         from rlgw.sync.client import SyncClient
@@ -97,13 +98,19 @@ class WeightSync:
         """Publish `version` (full first, then the configured kind) and have every engine serve it."""
         kind = "full" if self.publisher.index is None else self.kind
         index = await asyncio.to_thread(self.publisher.publish, trainer.export_weights(), version, kind)
-        await self.client.pull(self.root, version, self.local_dir, durable=self.durable)
-        statuses = await self.client.status(live=False)
+        if self.engine_kind == "vllm":
+            from rlgw.sync.vllm_reload import apply_version, served_versions
+
+            await apply_version(self.engine_urls, self.root, version, self.local_dir, durable=self.durable)
+            served = await served_versions(self.engine_urls)
+        else:
+            await self.client.pull(self.root, version, self.local_dir, durable=self.durable)
+            served = [s.weight_version for s in await self.client.status(live=False)]
         return {
             "version": version,
             "kind": index.kind,
             "checkpoint_digest": index.checkpoint_digest,
-            "served_versions": [s.weight_version for s in statuses],
+            "served_versions": served,
         }
 
 
@@ -165,7 +172,7 @@ class Loop:
         async with _services(cfg, self.work) as svc, GatewayClient(svc.gateway_url, svc.gateway_key) as gw:
             sync = WeightSync(
                 self.work / "weights", self.work / "engine-checkpoint", svc.engine_urls, Path(cfg.model),
-                cfg.sync.kind, cfg.sync.encoding, cfg.sync.full_every, cfg.sync.durable,
+                cfg.sync.kind, cfg.sync.encoding, cfg.sync.full_every, cfg.sync.durable, cfg.sync.engine_kind,
             )  # fmt: skip
             consumer = TrajectoryConsumer(gw, self.work / "consumer.cursor")
             if cfg.teacher is not None:

@@ -271,16 +271,7 @@ class SGLangBackend:
             reply = await self._post("/generate", payload, routing_key)
             last: dict[str, Any] | None = None
             with _upstream_errors(self.base_url):
-                async for raw in reply.lines():
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    doc = orjson.loads(data)
-                    if "error" in doc:
-                        raise UpstreamError(f"engine stream error: {_error_message(data)}")
+                async for doc in sse_docs(reply):
                     last = doc
                     meta = doc.get("meta_info") or {}
                     triples = meta.get("output_token_logprobs") or []
@@ -327,6 +318,21 @@ class SGLangBackend:
             if reply.status == 200:
                 return orjson.loads(body)
         raise StartupError(f"engine at {self.base_url} serves neither /model_info nor /get_model_info")
+
+
+async def sse_docs(reply: Reply) -> AsyncIterator[dict[str, Any]]:
+    """The JSON documents of an engine's event stream, up to `[DONE]`; an in-stream error raises."""
+    async for raw in reply.lines():
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        doc = orjson.loads(data)
+        if "error" in doc:
+            raise UpstreamError(f"engine stream error: {_error_message(data)}")
+        yield doc
 
 
 @contextlib.contextmanager

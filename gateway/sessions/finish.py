@@ -68,7 +68,9 @@ async def finish(
         if outcome.termination_reason:
             session.termination_reason = outcome.termination_reason
         try:
-            summary = await store_samples(session, outcome, store=store, vocab_size=vocab_size)
+            # A non-SGLang engine says how to reproduce its logprobs (engine_client/vllm_backend.py).
+            engine = getattr(backend, "semantics", None)
+            summary = await store_samples(session, outcome, store=store, vocab_size=vocab_size, engine=engine)
         except BaseException:
             session.finishing = False  # nothing was stored: the session is as it was
             raise
@@ -94,7 +96,12 @@ async def finish(
 
 
 async def store_samples(
-    session: Session, outcome: Outcome, *, store: TrajectoryStore, vocab_size: int
+    session: Session,
+    outcome: Outcome,
+    *,
+    store: TrajectoryStore,
+    vocab_size: int,
+    engine: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build the session's samples, validate them, commit the accepted ones to `store` (one
     transaction) and return the finish summary; rejected segments are listed with their reason."""
@@ -119,6 +126,8 @@ async def store_samples(
         "turns": session.turns,
         "failed_turns": session.failed_turns,
     }
+    if engine:
+        metadata["engine"] = engine
     built = ledger.build_samples(
         reward=outcome.reward,
         # None: each sample's status describes its own segment's end (cut by length: truncated).

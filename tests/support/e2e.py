@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,8 @@ class Stack:
     engine: str
     recorder: Recorder
     tokenizer: Any
+    # (engine URL, tokens) -> each token's teacher-forced logprob (the first: None); default SGLang's.
+    forced_logprobs: Callable[[str, list[int]], list[float | None]] | None = None
 
 
 @contextlib.contextmanager
@@ -228,20 +230,25 @@ def check_forced_logprobs(st: Stack, doc: dict, runs: list[tuple[int, int]]) -> 
     tokens = doc["tokens"]
     p = len(tokens) - doc["response_length"]
     logprobs = np.asarray(doc["rollout_log_probs"])
+    forced = (st.forced_logprobs or sglang_forced_logprobs)(st.engine, list(tokens))
+    for a, b in runs:
+        np.testing.assert_allclose(logprobs[a - p : b - p], forced[a:b], atol=1e-4)
+
+
+def sglang_forced_logprobs(engine: str, tokens: list[int]) -> list[float | None]:
+    """Each token's logprob given the tokens before it, from SGLang's `/generate` (the first: None)."""
     r = httpx.post(
-        st.engine + "/generate",
+        engine + "/generate",
         json={
-            "input_ids": list(tokens),
+            "input_ids": tokens,
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
             "return_logprob": True,
             "logprob_start_len": 0,
         },
-        timeout=600,
+        timeout=600,  # long CLI prompts (tests/scaffolds/test_real_clis.py) on a loaded machine
     )
     r.raise_for_status()
-    forced = [e[0] for e in r.json()["meta_info"]["input_token_logprobs"]]
-    for a, b in runs:
-        np.testing.assert_allclose(logprobs[a - p : b - p], forced[a:b], atol=1e-4)
+    return [e[0] for e in r.json()["meta_info"]["input_token_logprobs"]]
 
 
 def check_sample(st: Stack, doc: dict, run: Run, tools: Any, kw: dict) -> None:

@@ -1,4 +1,5 @@
-"""A transparent HTTP proxy in front of the engine that remembers every `/generate` reply.
+"""A transparent HTTP proxy in front of the engine that remembers every `/generate` reply
+(SGLang's, or vLLM's `/inference/v1/generate`, whose stream chunks are deltas).
 
 Gateway tests put it between the gateway and the engine (real HTTP on both sides) to check
 the ledger against what the engine actually returned for each request id.
@@ -46,6 +47,18 @@ class Recorder:
         ex.finish_reason = meta.get("finish_reason")
         self.by_rid[ex.rid] = ex
 
+    def record_vllm(self, ex: Exchange, chunks: list[dict]) -> None:
+        """vLLM's reply, whole (one chunk) or streamed (each chunk's ids and logprobs are new)."""
+        for chunk in chunks:
+            for choice in chunk.get("choices") or []:
+                ex.output_ids += choice.get("token_ids") or []
+                ex.logprobs += [e["logprob"] for e in (choice.get("logprobs") or {}).get("content") or []]
+                ex.finish_reason = {"type": choice["finish_reason"]} if choice.get("finish_reason") else None
+        self.by_rid[ex.rid] = ex
+
+
+VLLM_GENERATE = "/inference/v1/generate"
+
 
 def _app(upstream: str, recorder: Recorder) -> Starlette:
     client = httpx.AsyncClient(base_url=upstream, timeout=600)
@@ -54,32 +67,37 @@ def _app(upstream: str, recorder: Recorder) -> Starlette:
         body = await request.body()
         path = request.url.path
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-        if path != "/generate":
-            r = await client.request(request.method, path, content=body, headers=headers)
+        if path not in ("/generate", VLLM_GENERATE):
+            r = await client.request(
+                request.method, path, content=body, headers=headers, params=request.query_params
+            )
             return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
         doc = orjson.loads(body)
+        vllm = path == VLLM_GENERATE
         ex = Exchange(
-            rid=doc.get("rid", ""), input_ids=list(doc.get("input_ids") or []), stream=bool(doc.get("stream"))
+            rid=doc.get("request_id" if vllm else "rid", ""),
+            input_ids=list(doc.get("token_ids" if vllm else "input_ids") or []),
+            stream=bool(doc.get("stream")),
         )
         if not ex.stream:
             r = await client.post(path, content=body, headers=headers)
             if r.status_code == 200:
-                recorder.record(ex, r.json())
+                recorder.record_vllm(ex, [r.json()]) if vllm else recorder.record(ex, r.json())
             return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
         req = client.build_request("POST", path, content=body, headers=headers)
         r = await client.send(req, stream=True)
 
         async def relay():
-            last = None
+            chunks = []
             try:
                 async for line in r.aiter_lines():
                     if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                        last = orjson.loads(line[5:].strip())
+                        chunks.append(orjson.loads(line[5:].strip()))
                     yield (line + "\n").encode()
             finally:
                 await r.aclose()
-                if last is not None and "error" not in last:
-                    recorder.record(ex, last)
+                if chunks and not any("error" in c for c in chunks):
+                    recorder.record_vllm(ex, chunks) if vllm else recorder.record(ex, chunks[-1])
 
         return StreamingResponse(relay(), status_code=r.status_code, media_type="text/event-stream")
 

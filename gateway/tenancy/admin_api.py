@@ -5,7 +5,7 @@ new key works on the next request and a revoked one stops at once. Other gateway
 on the same data dir pick changes up within `SYNC_INTERVAL_S` (`sync_loop`).
 
 This module owns the admin routes and keeping the in-memory tables in step with the store;
-storage is `tenant_store`'s, key matching `tenants`', limit enforcement `limits`'.
+storage is `store`'s, key matching `tenants`', limit enforcement `limits`'.
 """
 
 from __future__ import annotations

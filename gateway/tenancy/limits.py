@@ -9,7 +9,7 @@ Tokens are counted when a turn commits (a generation's length is not known befor
 so the per-minute limit refuses the turn after the one that crossed it, as OpenAI's does.
 
 A turn reaches its app's `LimitTable` through a context variable that the gateway's edge
-binds per request (`bind`): the turn lifecycle (`turn.turn_scope`) only sees the session, and code
+binds per request (`bind`): the turn lifecycle (`turns.lifecycle.turn_scope`) only sees the session, and code
 that runs outside a request (unit tests of a turn) is simply not limited. This module knows
 tenants only by name; who a caller is belongs to `tenants`.
 """

@@ -7,7 +7,7 @@ digests, and are looked up by digest: lookup time does not depend on how much of
 key is right (the point of constant-time comparison), without an O(keys) scan per request.
 
 Tenant keys come from two places: the configuration (`RLGW_TENANT_KEYS`, `--tenant-keys-file`;
-fixed for the process) and the admin-managed tenant store (`tenant_store`; replaced whenever
+fixed for the process) and the admin-managed tenant store (`store.py`; replaced whenever
 it changes). The admin key, when set, only manages tenants; it is no tenant's key.
 """
 

@@ -7,7 +7,7 @@ arrays behind a small JSON manifest (`encode_arrays`); `weight_versions` and `me
 JSON. A few summary columns (status, reward, lengths) are duplicated out of the blob so
 the CLI and ad-hoc SQL can list samples without decoding them.
 
-It does not own HTTP (`trajectories_api`), validation (`sample.validate_sample`, done by
+It does not own HTTP (`api.py`), validation (`sample.validate_sample`, done by
 the caller before `add_samples`), or sessions. Async methods belong to the event loop
 that first uses them; SQLite work runs on two dedicated threads (one writer connection,
 one reader connection) so the loop never blocks on disk and readers never wait behind

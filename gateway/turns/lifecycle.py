@@ -282,7 +282,7 @@ async def commit(
     """Journal the finished turn; it is applied (the plan's segment change and the generation)
     when it settles (`turn_scope`).
 
-    The journal row is durable before the turn is applied and answered (`journal.py`). A
+    The journal row is durable before the turn is applied and answered (`sessions/journal.py`). A
     generation that filled the model's whole context sets the session's termination reason to
     `context_length_exceeded` (a refused request never does). The turn counts as closed only
     when its last sampled id is the template's end-of-turn token: a turn cut by length, a stop

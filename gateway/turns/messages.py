@@ -3,7 +3,7 @@
 This is the data flow of the architecture document ("Data flow of one turn") in code, for any
 surface that speaks in messages (Chat Completions, Anthropic Messages, OpenAI Responses): each
 translates its request into `ChatParams` and its response from what this module returns or
-yields. The lifecycle (lock, counters, commit) is `turn.py`'s; the response shapes are the
+yields. The lifecycle (lock, counters, commit) is `lifecycle.py`'s; the response shapes are the
 surfaces'. This module knows nothing about HTTP or any wire format.
 
 Streamed and non-streamed turns share everything but the transport: the same detokenizer

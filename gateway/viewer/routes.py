@@ -12,7 +12,7 @@ SameSite=Strict cookie scoped to `/ui`, read only by these routes (the viewer ha
 route that a forged request could abuse). `rlgw trajectories view` mounts the same router on a store
 without a gateway, with a fixed scope (`app.state.viewer_scope`: a tenant, or None for all).
 
-This module owns the routes and the HTML; what is shown is computed by `viewer_data`, and it only
+This module owns the routes and the HTML; what is shown is computed by `data.py`, and it only
 ever reads from `store.TrajectoryStore`.
 """
 

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 
 from rlgw.gateway import anthropic_translate as at
+from rlgw.gateway.anthropic_errors import anthropic_error_body, error_body, error_headers, status_of
 from rlgw.gateway.chat import ChatParams
 from rlgw.gateway.errors import APIError, handle_validation_error, json_response
 from rlgw.gateway.httpio import (
@@ -31,26 +32,11 @@ from rlgw.gateway.httpio import (
     session_routes,
     sse_stream,
 )
+from rlgw.gateway.mid_system import fold_mid_system, places_mid_system
 from rlgw.gateway.openai_api import ChatCompletionRequest, chat_params, run_turn, stream_turn
+from rlgw.gateway.render import ChatRenderer
 from rlgw.gateway.sessions import Session
 from rlgw.gateway.surface_sse import named_event, translate_chunks
-
-# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-}
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """Anthropic's error JSON for an HTTP status."""
-    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 class AnthropicRoute(APIRoute):
@@ -76,9 +62,7 @@ async def anthropic_error(request: Request, exc: Exception) -> Response | None:
     """The gateway's errors and request validation errors in Anthropic's format (None: another
     exception, for the app's handlers)."""
     if isinstance(exc, APIError):
-        return json_response(
-            exc.status, error_body(exc.status, exc.message), headers=getattr(exc, "headers", None)
-        )
+        return json_response(status_of(exc), anthropic_error_body(exc), headers=error_headers(exc))
     if isinstance(exc, ValidationError | RequestValidationError):
         # The OpenAI surfaces' message (the first problem, named by its field), re-shaped.
         openai = orjson.loads((await handle_validation_error(request, exc)).body)
@@ -89,29 +73,38 @@ async def anthropic_error(request: Request, exc: Exception) -> Response | None:
 router = APIRouter(route_class=AnthropicRoute)
 
 
-def turn_params(req: at.MessagesInput, event: str | None = None) -> ChatParams:
-    """The chat turn's parameters for an Anthropic request (validated as a chat request is)."""
-    params = chat_params(ChatCompletionRequest.model_validate(at.chat_request(req)), event=event)
+def turn_params(
+    req: at.MessagesInput, event: str | None = None, *, renderer: ChatRenderer | None = None
+) -> ChatParams:
+    """The chat turn's parameters for an Anthropic request (validated as a chat request is).
+
+    Mid-conversation system messages stay where they are if `renderer`'s template places them,
+    else they move into the adjacent user turn as Anthropic's fallback does (`mid_system.py`)."""
+    body = at.chat_request(req)
+    if renderer is not None and not places_mid_system(renderer):
+        body["messages"] = fold_mid_system(body["messages"])
+    params = chat_params(ChatCompletionRequest.model_validate(body), event=event)
     params.surface = "messages"
     return params
 
 
 def _in_stream_error(exc: APIError) -> bytes:
-    return named_event(error_body(exc.status, exc.message))
+    return named_event(anthropic_error_body(exc))
 
 
 async def messages(request: Request, session: Session) -> Response:
     """Serve one Messages turn for `session` (streamed or not)."""
     state = request.app.state
     req = at.MessagesRequest.model_validate(await parse_body(request))
-    params = turn_params(req, request.headers.get(EVENT_HEADER))
+    params = turn_params(req, request.headers.get(EVENT_HEADER), renderer=state.profile.renderer)
     if not params.stream:
         doc = await cancel_on_disconnect(request, run_turn(state.backend, state.profile, session, params))
         return json_response(200, at.message(doc))
     chunks = stream_turn(state.backend, state.profile, session, params)
-    # Enter the generator now: errors with a status surface here; from here on it owns the
-    # session lock and releases it in any case.
-    first = await chunks.__anext__()
+    # Enter the generator now, up to the engine's first answer: errors with a status surface
+    # here (a client that leaves meanwhile cancels the turn); from here on the generator owns
+    # the session lock and releases it in any case.
+    first = await cancel_on_disconnect(request, chunks.__anext__())
     stream = at.MessageStream()
     head = stream.feed(first)
     return StreamingResponse(
@@ -130,10 +123,9 @@ async def messages(request: Request, session: Session) -> Response:
 async def count_tokens(request: Request) -> Response:
     """`count_tokens`: the length of the prompt the conversation renders to (the template's count)."""
     req = at.MessagesInput.model_validate(await parse_body(request))
-    params = turn_params(req)
-    ids = request.app.state.profile.renderer.render_prompt(
-        params.messages, params.tools, **params.template_kwargs
-    )
+    profile = request.app.state.profile
+    params = turn_params(req, renderer=profile.renderer)
+    ids = profile.renderer.render_prompt(params.messages, params.tools, **params.template_kwargs)
     return json_response(200, {"input_tokens": len(ids)})
 
 

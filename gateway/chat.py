@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rlgw.gateway.backend import GenerationResult, ModelBackend
+from rlgw.gateway.backend import GenerationResult, ModelBackend, StreamUpdate
 from rlgw.gateway.detokenize import IncrementalDetokenizer, StopTrimmer
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.ids import fresh_hex
@@ -360,28 +360,46 @@ async def stream_chat(
         call_ids: list[str] = []
         pending: list[TokenLogprob] = []
         created = int(time.time())
-        yield ChatStart(response_id, created)
-        result: GenerationResult | None = None
-        async for update in backend.stream(plan.input_ids, sampling, rid=turn.rid, routing_key=session.id):
-            events = decoder.feed(update.new_ids) if update.new_ids else []
-            if params.logprobs and update.new_ids:
-                pending += token_logprobs(profile, update.new_ids, update.new_logprobs, update.new_top)
-            if update.result is not None:
-                result = update.result
-                events += decoder.close(result)
-            for ev in events:
-                delta = _delta(ev, call_ids)
-                if delta is None:
-                    continue
-                if pending and delta.kind == "content":
-                    delta.logprobs, pending = pending, []
-                yield delta
+        updates = backend.stream(plan.input_ids, sampling, rid=turn.rid, routing_key=session.id)
+        # The head goes out only once the engine has answered (its first tokens, or the whole
+        # result): an engine that is down, full or refuses the prompt is a status the agent's
+        # SDK retries (502/503), not a 200 followed by an in-stream error.
+        try:
+            first = await anext(updates, None)
+            yield ChatStart(response_id, created)
+            result: GenerationResult | None = None
+            async for update in _chained(first, updates):
+                events = decoder.feed(update.new_ids) if update.new_ids else []
+                if params.logprobs and update.new_ids:
+                    pending += token_logprobs(profile, update.new_ids, update.new_logprobs, update.new_top)
+                if update.result is not None:
+                    result = update.result
+                    events += decoder.close(result)
+                for ev in events:
+                    delta = _delta(ev, call_ids)
+                    if delta is None:
+                        continue
+                    if pending:
+                        delta.logprobs, pending = pending, []
+                    yield delta
+        finally:
+            await updates.aclose()  # a turn closed early aborts its engine request now
         if result is None:
             raise RuntimeError("the engine stream ended without a result")
         parsed = decoder.parser.result()
         _check_calls(params, parsed)
         await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
     yield ChatTurn(response_id, created, parsed, call_ids, result, len(plan.input_ids), pending or None)
+
+
+async def _chained(
+    first: StreamUpdate | None, rest: AsyncIterator[StreamUpdate]
+) -> AsyncIterator[StreamUpdate]:
+    """`first` (if any), then the rest of the engine's stream."""
+    if first is not None:
+        yield first
+    async for update in rest:
+        yield update
 
 
 def _delta(ev: ParserEvent, call_ids: list[str]) -> ChatDelta | None:

@@ -329,9 +329,10 @@ async def chat_completions(request: Request, session: Session) -> Response:
         doc = await cancel_on_disconnect(request, run_turn(state.backend, state.profile, session, params))
         return json_response(200, doc)
     chunks = stream_turn(state.backend, state.profile, session, params)
-    # Enter the generator now: errors with a status surface here; from here on it owns the
-    # session lock and releases it in any case.
-    first = await chunks.__anext__()
+    # Enter the generator now, up to the engine's first answer: errors with a status surface
+    # here (a client that leaves meanwhile cancels the turn); from here on the generator owns
+    # the session lock and releases it in any case.
+    first = await cancel_on_disconnect(request, chunks.__anext__())
     return StreamingResponse(
         sse_stream(first, chunks),
         media_type="text/event-stream",

@@ -88,9 +88,10 @@ async def responses(request: Request, session: Session) -> Response:
         remember(session, req, items, doc)
         return json_response(200, doc)
     chunks = stream_turn(state.backend, state.profile, session, params)
-    # Enter the generator now: errors with a status surface here; from here on it owns the
-    # session lock and releases it in any case.
-    first = await chunks.__anext__()
+    # Enter the generator now, up to the engine's first answer: errors with a status surface
+    # here (a client that leaves meanwhile cancels the turn); from here on the generator owns
+    # the session lock and releases it in any case.
+    first = await cancel_on_disconnect(request, chunks.__anext__())
     stream = rt.ResponseStream(req)
     head = stream.feed(first)
     events = _remembered(translate_chunks(head[1:], chunks, stream.feed), stream, session, req, items)

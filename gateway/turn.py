@@ -240,6 +240,8 @@ def engine_sampling(
             f"This model's maximum context length is {profile.context_length} tokens. However, your "
             f"messages resulted in {prompt_len} tokens.",
             param="messages",
+            prompt_tokens=prompt_len,
+            limit=profile.context_length,
         )
     max_new = max_tokens if max_tokens is not None else session.sampling.get("max_tokens")
     if max_new is not None and max_new > room:
@@ -248,6 +250,9 @@ def engine_sampling(
             f"requested {prompt_len + max_new} tokens ({prompt_len} in the messages, {max_new} in the "
             "completion). Please reduce the length of the messages or completion.",
             param="max_tokens",
+            prompt_tokens=prompt_len,
+            max_tokens=max_new,
+            limit=profile.context_length,
         )
     overridden: dict[str, Any] = {}
     sp = {k: v for k, v in session.sampling.items() if k != "max_tokens"}

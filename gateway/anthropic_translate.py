@@ -297,8 +297,13 @@ def _usage(usage: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tool_input(arguments: str) -> Any:
-    # The output parser re-serializes every call's arguments with json.dumps: they parse.
-    return json.loads(arguments) if arguments else {}
+    # A call streamed as sampled keeps the model's arguments text, which may not parse (the
+    # sample's metadata flags it): `input` must be an object, so such a call gets an empty one.
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def message(completion: dict[str, Any]) -> dict[str, Any]:

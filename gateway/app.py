@@ -48,6 +48,7 @@ from rlgw.gateway.store import TrajectoryStore
 from rlgw.gateway.template_probe import probe_template
 from rlgw.gateway.tenant_store import TenantStore
 from rlgw.gateway.tenants import KeyTable
+from rlgw.gateway.turn import DEFAULT_MAX_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class GatewayConfig:
     tool_parser: str = "auto"
     reasoning_parser: str = "auto"
     context_length: int | None = None  # default: from the engine or the model config
+    default_max_tokens: int | None = DEFAULT_MAX_TOKENS  # a turn's output cap when it names none
     tenant_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant name
     public_url: str | None = None  # base URL agents reach this gateway at
     default_policy: Policy = Policy.SEGMENT
@@ -143,6 +145,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
                     served_model_name=config.served_model_name,
                 )
             )
+            profile.default_max_tokens = config.default_max_tokens
             report = probe_template(profile.renderer)
             if not report.increment_matches_full_render and not config.allow_template_mismatch:
                 raise StartupError(

@@ -29,7 +29,9 @@ from rlgw.gateway.tenants import require_tenant
 log = logging.getLogger(__name__)
 router = APIRouter()
 
-SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "presence_penalty"}
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "presence_penalty", "seed"}
+# Session keys spelled as the agents' APIs spell them, sent to the engine under SGLang's name.
+_ENGINE_NAMES = {"seed": "sampling_seed"}
 
 
 class SessionCreate(BaseModel):
@@ -85,7 +87,7 @@ async def create_session(
         group_index=body.group_index,
         policy=body.policy or state.default_policy,
         metadata=body.metadata,
-        sampling=body.sampling,
+        sampling={_ENGINE_NAMES.get(k, k): v for k, v in body.sampling.items()},
         sampling_precedence=body.sampling_precedence,
     )
     if state.sessions.journal is not None:
@@ -210,7 +212,8 @@ async def _store_samples(request: Request, session: Session, body: SessionFinish
         "task_id": session.task_id,
         "session_id": session.id,
         "termination_reason": session.termination_reason,
-        "turns": session.turns,
+        # The session's own counts; each sample's `turns` counts its segment's (ledger.build_samples).
+        "session_turns": session.turns,
         "failed_turns": session.failed_turns,
     }
     built = ledger.build_samples(

@@ -47,6 +47,8 @@ from rlgw.gateway.sessions import Session
 
 log = logging.getLogger(__name__)
 
+# The output cap of a turn that names none (`rlgw serve --default-max-tokens`).
+DEFAULT_MAX_TOKENS = 16384
 # Sampling keys the trainer owns in a session whose sampling precedence is `session`.
 OWNED_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "sampling_seed")
 
@@ -232,7 +234,8 @@ def engine_sampling(
     In a session whose sampling precedence is `session` (capture mode's default) the trainer
     owns temperature, top_p, top_k, min_p and the seed: the agent's values are not applied and
     are returned for the sample's metadata. `max_new_tokens` is checked against the context;
-    a refusal changes nothing in the session.
+    a refusal changes nothing in the session. A turn that names no cap (nor does its session's
+    `max_tokens`) gets `profile.default_max_tokens`, or what is left of the context if less.
     """
     room = profile.context_length - prompt_len
     if room <= 0:
@@ -261,7 +264,9 @@ def engine_sampling(
             overridden[k] = v
         else:
             sp[k] = v
-    sp["max_new_tokens"] = int(max_new if max_new is not None else room)
+    if max_new is None:  # no cap named: the gateway's default, within the context
+        max_new = min(room, profile.default_max_tokens or room)
+    sp["max_new_tokens"] = int(max_new)
     if top_logprobs:
         sp["top_logprobs_num"] = top_logprobs
     return sp, overridden
@@ -280,6 +285,7 @@ async def commit(
     parse_errors: list[dict[str, Any]],
     overridden: dict[str, Any],
     end_of_turn_id: int | None,
+    notes: dict[str, list[Any]] | None = None,
 ) -> None:
     """Journal the finished turn; it is applied (the plan's segment change and the generation)
     when it settles (`turn_scope`).
@@ -306,6 +312,7 @@ async def commit(
             echo_matches=plan.echo_matches,
             echo_edits=plan.echo_edits,
             overridden=overridden,
+            notes=notes or {},
             commit={
                 # Their digests, not the messages: all the ledger keeps of them (and a smaller row).
                 "new_messages": None,
@@ -360,6 +367,9 @@ def apply_record(session: Session, record: dict[str, Any], *, committed_at: floa
         seg.note("echo_matches", {"turn": index, "how": how})
     for index, what in record.get("echo_edits") or ():
         seg.note("echo_edits", {"turn": index, "field": what})
+    for key, values in (record.get("notes") or {}).items():
+        for value in values:
+            seg.note(key, value)
     if record.get("overridden"):
         seg.note("agent_sampling", {"turn": len(seg.turns), **record["overridden"]})
     ledger.commit(

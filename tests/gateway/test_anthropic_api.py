@@ -19,8 +19,8 @@ import httpx
 import openai
 import pytest
 
-from rlgw.gateway import anthropic_translate as at
-from rlgw.gateway.anthropic_api import turn_params
+from rlgw.gateway.surfaces.anthropic import translate as at
+from rlgw.gateway.surfaces.anthropic.api import turn_params
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stack, stored
 from tests.support.surface_e2e import chat_reply, result_text

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from rlgw.gateway import responses_translate as rt
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.ledger import Ledger, Policy
-from rlgw.gateway.profile import ModelProfile
-from rlgw.gateway.render import ChatRenderer
-from rlgw.gateway.responses_api import turn_params
-from rlgw.gateway.sessions import Mode, Session
-from rlgw.gateway.turn import engine_sampling
+from rlgw.gateway.ledger.ledger import Ledger, Policy
+from rlgw.gateway.model.profile import ModelProfile
+from rlgw.gateway.model.render import ChatRenderer
+from rlgw.gateway.sessions.table import Mode, Session
+from rlgw.gateway.surfaces.responses import translate as rt
+from rlgw.gateway.surfaces.responses.api import turn_params
+from rlgw.gateway.turns.lifecycle import engine_sampling
 from tests.support import surface_chunks as sc
 
 CAPTURED = Path(__file__).parents[1] / "fixtures" / "codex" / "first_request.json"

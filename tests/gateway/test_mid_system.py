@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from rlgw.gateway import anthropic_translate as at
-from rlgw.gateway.anthropic_api import turn_params
-from rlgw.gateway.anthropic_errors import anthropic_error_body, error_headers, status_of
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded, InvalidRequest, UpstreamOverloaded
-from rlgw.gateway.limits import RateLimited
-from rlgw.gateway.mid_system import fold_mid_system, places_mid_system, reminder
-from rlgw.gateway.render import ChatRenderer, TemplateConfig
+from rlgw.gateway.model.render import ChatRenderer, TemplateConfig
+from rlgw.gateway.surfaces.anthropic import translate as at
+from rlgw.gateway.surfaces.anthropic.api import turn_params
+from rlgw.gateway.surfaces.anthropic.errors import anthropic_error_body, error_headers, status_of
+from rlgw.gateway.surfaces.anthropic.mid_system import fold_mid_system, places_mid_system, reminder
+from rlgw.gateway.tenancy.limits import RateLimited
 
 CAPTURED = Path(__file__).parents[1] / "fixtures" / "claude_code" / "first_request.json"
 

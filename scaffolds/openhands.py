@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from rlgw.scaffolds.in_sandbox import IN_SANDBOX
-from rlgw.scaffolds.install import uv_install, version_check
+from rlgw.scaffolds.install import venv_install, version_check
 from rlgw.scaffolds.openhands_events import (
     load_json_list,
     load_jsonl,
@@ -124,7 +124,7 @@ class OpenHandsScaffold(InstalledScaffold):
         dist = "openhands-ai" if self.version == "v0" else "openhands"
         # The version, not an import: importing OpenHands costs many seconds on a busy machine.
         check = f"{py} -c {shlex.quote(version_check(dist, self.openhands_version))}"
-        commands = [uv_install(self.venv, f"{dist}=={self.openhands_version}", check), check]
+        commands = [venv_install(self.venv, f"{dist}=={self.openhands_version}", check), check]
         if self.version == "v0":
             # V0's local runtime runs its shell in tmux through libtmux.
             commands.append(f"tmux -V && {py} -c 'import libtmux'")

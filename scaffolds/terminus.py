@@ -21,7 +21,7 @@ import shlex
 import orjson
 
 from rlgw.scaffolds.in_sandbox import IN_SANDBOX
-from rlgw.scaffolds.install import uv_install, version_check
+from rlgw.scaffolds.install import venv_install, version_check
 from rlgw.scaffolds.scaffold import (
     CaptureConflictError,
     InstalledScaffold,
@@ -70,7 +70,7 @@ class Terminus2Scaffold(InstalledScaffold):
         return [
             "command -v tmux >/dev/null || (apt-get update -qq && "
             "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux)",
-            uv_install(self.venv, f"harbor=={self.harbor_version}", check),
+            venv_install(self.venv, f"harbor=={self.harbor_version}", check),
             check,
         ]
 

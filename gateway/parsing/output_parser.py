@@ -14,7 +14,9 @@ buffer is held back, and, when a parser is active, trailing whitespace (see belo
 servers stream calls: ``tool_call_start`` (the name), then ``tool_call_args`` pieces of the
 arguments text exactly as the model writes it, up to the object's closing brace; that text is
 the call's `arguments`, and a block that then does not parse to exactly that call keeps the
-call and records ``streamed_call_mismatch``. Any other block is buffered until it closes and
+call and records ``streamed_call_mismatch``. A generation cut inside the arguments object (no
+closing brace) is no call: its block is content, flagged, as below (the stream's last chunk
+says `length`). Any other block is buffered until it closes and
 then parsed (`tool_calls.parse_block`): a valid block gives one ``tool_call`` event per call;
 an invalid one goes out whole as ``content`` and a `ParseError` is recorded. Each character is
 scanned a bounded number of times (a scan position and a short carry, never the whole buffer).
@@ -351,7 +353,7 @@ class OutputParser:
         parsed = parse_block(self._fmt, block, self._schemas, terminated=terminated)
         self._errors.extend(parsed.errors)
         arg, self._arg, self._head, self._lead_seen = self._arg, None, "", False
-        if arg is not None:
+        if arg is not None and arg.done:
             # The call went out as it was sampled: it stays a call, with the arguments text the
             # model wrote (what the agent was streamed); a block that does not parse to exactly
             # that call is flagged.

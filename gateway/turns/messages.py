@@ -391,6 +391,8 @@ async def stream_chat(
         if result is None:
             raise RuntimeError("the engine stream ended without a result")
         parsed = decoder.parser.result()
+        # A call cut inside its arguments was started in the stream but is no call (content).
+        del call_ids[len(parsed.tool_calls) :]
         _check_calls(params, parsed)
         await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden, params.notes)
     yield ChatTurn(response_id, created, parsed, call_ids, result, len(plan.input_ids), pending or None)

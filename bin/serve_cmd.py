@@ -100,6 +100,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--session-ttl", type=float, default=6 * 3600.0, help="seconds after which an idle session is dropped"
     )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=None,
+        help="output cap of a turn whose request and session name none (default: 16384, the gateway's "
+        "DEFAULT_MAX_TOKENS; 0: the rest of the context)",
+    )
     p.add_argument("--public-url", help="base URL agents reach this gateway at (for session base_url)")
     p.add_argument("--served-model-name", help="model name reported to agents")
     p.add_argument(
@@ -248,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
     from rlgw.gateway.ledger.ledger import Policy
     from rlgw.gateway.tenancy.limits import Limits
     from rlgw.gateway.trajectories.store import default_data_dir
+    from rlgw.gateway.turns.lifecycle import DEFAULT_MAX_TOKENS
 
     tenant_keys = _tenant_keys(args)
     with contextlib.ExitStack() as stack:
@@ -266,6 +274,9 @@ def run(args: argparse.Namespace) -> int:
             tool_parser=args.tool_parser,
             reasoning_parser=args.reasoning_parser,
             context_length=args.context_length,
+            default_max_tokens=DEFAULT_MAX_TOKENS
+            if args.default_max_tokens is None
+            else (args.default_max_tokens or None),
             tenant_keys=tenant_keys,
             public_url=args.public_url,
             default_policy=Policy(args.policy),

@@ -47,6 +47,7 @@ from rlgw.gateway.tenancy.store import TenantStore
 from rlgw.gateway.tenancy.tenants import KeyTable
 from rlgw.gateway.trajectories import api as trajectories_api
 from rlgw.gateway.trajectories.store import TrajectoryStore
+from rlgw.gateway.turns.lifecycle import DEFAULT_MAX_TOKENS
 from rlgw.gateway.viewer import routes as viewer
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class GatewayConfig:
     tool_parser: str = "auto"
     reasoning_parser: str = "auto"
     context_length: int | None = None  # default: from the engine or the model config
+    default_max_tokens: int | None = DEFAULT_MAX_TOKENS  # a turn's output cap when it names none
     tenant_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant name
     public_url: str | None = None  # base URL agents reach this gateway at
     default_policy: Policy = Policy.SEGMENT
@@ -144,6 +146,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
                     served_model_name=config.served_model_name,
                 )
             )
+            profile.default_max_tokens = config.default_max_tokens
             report = probe_template(profile.renderer)
             if not report.increment_matches_full_render and not config.allow_template_mismatch:
                 raise StartupError(

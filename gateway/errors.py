@@ -56,9 +56,19 @@ class InvalidRequest(APIError):
 
 
 class ContextLengthExceeded(APIError):
-    """400: the prompt plus the requested completion does not fit the model's context."""
+    """400: the prompt plus the requested completion does not fit the model's context.
+
+    The counts are kept apart from the (OpenAI-worded) message so that each surface can word
+    the error the way its clients parse it (Anthropic's clients read them out of the message).
+    """
 
     code = "context_length_exceeded"
+
+    def __init__(
+        self, message: str, *, param: str, prompt_tokens: int, limit: int, max_tokens: int | None = None
+    ) -> None:
+        super().__init__(message, param=param)
+        self.prompt_tokens, self.max_tokens, self.limit = prompt_tokens, max_tokens, limit
 
 
 class AuthError(APIError):

@@ -376,3 +376,21 @@ def _raise_if_aborted(result: GenerationResult) -> None:
         if isinstance(status, int) and 400 <= status < 600:
             err.status = status
         raise err
+
+
+async def first_answer(updates: AsyncIterator[StreamUpdate]) -> AsyncIterator[StreamUpdate]:
+    """Wait for a stream's first answer from the engine (its first tokens, or the whole result),
+    raising the engine's error now, then give the whole stream. A streamed turn sends its head
+    only after this: an engine that is down, full or refuses the prompt is then a status the
+    agent's SDK retries (502/503), not a 200 followed by an in-stream error."""
+    first = await anext(updates, None)
+    return _chained(first, updates)
+
+
+async def _chained(
+    first: StreamUpdate | None, rest: AsyncIterator[StreamUpdate]
+) -> AsyncIterator[StreamUpdate]:
+    if first is not None:
+        yield first
+    async for update in rest:
+        yield update

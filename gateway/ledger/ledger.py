@@ -522,6 +522,7 @@ class Ledger:
                 "segment_cause": seg.cause,
                 "segment_cause_detail": seg.detail,
                 "segments": len(self.segments),
+                "turns": len(seg.turns),
                 "engine_rids": [t.rid for t in seg.turns],
                 "response_ids": [t.response_id for t in seg.turns],
                 "turn_finish": [t.finish_type for t in seg.turns],

@@ -14,7 +14,7 @@ from typing import Any
 from rlgw.gateway.errors import StartupError
 from rlgw.gateway.model.fast_tokenizer import select_encoder
 from rlgw.gateway.model.render import ChatRenderer, TemplateConfig, read_chat_template
-from rlgw.gateway.parsing.reasoning import detect_reasoning
+from rlgw.gateway.parsing.reasoning import THINK_END, detect_reasoning
 from rlgw.gateway.parsing.tool_calls import detect_tool_format, normalize_tool_format
 
 
@@ -29,9 +29,14 @@ class ModelProfile:
     tool_format: str | None
     reasoning: bool
     think_start_ids: tuple[int, ...] = ()
+    think_end_id: int | None = None  # `</think>` when it is one token: reasoning tokens end with it
     # The operator named the tool parser (--tool-parser): tools are accepted even when the
     # template does not render them (the agent describes them in its own prompt).
     tool_parser_explicit: bool = False
+    # The output cap of a turn that names none (neither the request nor its session): agents such
+    # as Codex send no `max_output_tokens`, and a turn must not generate to the end of the context.
+    # None: the rest of the context.
+    default_max_tokens: int | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -51,6 +56,11 @@ def _context_length(configured: int | None, info: dict[str, Any], tokenizer_dir:
         if isinstance(value, int) and value > 0:
             return value
     raise StartupError("cannot tell the model's context length: pass --context-length")
+
+
+def _single_token(tok: Any, text: str) -> int | None:
+    ids = tok.encode(text, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
 
 
 def build_profile(
@@ -91,5 +101,6 @@ def build_profile(
         tool_format=tool_format,
         reasoning=reasoning,
         think_start_ids=think,
+        think_end_id=_single_token(tok, THINK_END) if reasoning else None,
         tool_parser_explicit=tool_parser != "auto",
     )

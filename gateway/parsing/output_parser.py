@@ -9,10 +9,17 @@ the chunking.
 Streaming: text streams as soon as it cannot be the start of a marker (``<think>``,
 ``</think>``, ``<tool_call>``, ``</tool_call>``). Only a possible partial marker at the end of the
 buffer is held back, and, when a parser is active, trailing whitespace (see below). A
-``<tool_call>`` block is buffered until it closes and then parsed (`tool_calls.parse_block`): a
-valid block gives one ``tool_call`` event per call; an invalid one goes out whole as ``content``
-and a `ParseError` is recorded. Each character is scanned a bounded number of times (a scan
-position and a short carry, never the whole buffer).
+``<tool_call>`` block in a JSON format (hermes, qwen25) whose head reads ``{"name": "NAME",
+"arguments": {`` with NAME one of the tools streams as it is sampled, as OpenAI's and vLLM's
+servers stream calls: ``tool_call_start`` (the name), then ``tool_call_args`` pieces of the
+arguments text exactly as the model writes it, up to the object's closing brace; that text is
+the call's `arguments`, and a block that then does not parse to exactly that call keeps the
+call and records ``streamed_call_mismatch``. A generation cut inside the arguments object (no
+closing brace) is no call: its block is content, flagged, as below (the stream's last chunk
+says `length`). Any other block is buffered until it closes and
+then parsed (`tool_calls.parse_block`): a valid block gives one ``tool_call`` event per call;
+an invalid one goes out whole as ``content`` and a `ParseError` is recorded. Each character is
+scanned a bounded number of times (a scan position and a short carry, never the whole buffer).
 
 Whitespace: when reasoning or tool parsing is active, ``reasoning_content`` and ``content`` are
 stripped at both ends (SGLang strips ``normal_text`` in its one-shot parse: Qwen's ``\\n\\n`` after
@@ -25,11 +32,15 @@ This module knows nothing about tokens, HTTP or the OpenAI chunk shapes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import re
+from dataclasses import dataclass, field
 from typing import Literal
 
 from rlgw.gateway.parsing.reasoning import THINK_END, THINK_START
 from rlgw.gateway.parsing.tool_calls import (
+    INVALID_JSON,
+    STREAMED_MISMATCH,
     TOOL_CALL_END,
     TOOL_CALL_START,
     ParseError,
@@ -44,11 +55,58 @@ __all__ = ["OutputParser", "ParseError", "ParsedOutput", "ParserEvent", "ToolCal
 
 @dataclass(slots=True)
 class ParserEvent:
-    """Something ready to stream: a piece of content or reasoning text, or one whole tool call."""
+    """Something ready to stream: a piece of content or reasoning text, one whole tool call, or
+    a call streamed as it is sampled (`tool_call_start` with its name, then `tool_call_args`
+    pieces of its arguments; such a call has no `tool_call` event)."""
 
-    kind: Literal["content", "reasoning", "tool_call"]
+    kind: Literal["content", "reasoning", "tool_call", "tool_call_start", "tool_call_args"]
     text: str = ""
     call: ToolCall | None = None
+
+
+# The head of a JSON call whose arguments are an object: `{"name": "NAME", "arguments": {`.
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+_HEAD_LIMIT = 512  # a block whose head is not recognized by then is parsed whole, at its end
+_JSON_FORMATS = frozenset({"hermes", "qwen25"})
+
+
+@dataclass(slots=True)
+class _ArgStream:
+    """A call whose arguments stream as they are sampled: its index and name, the arguments
+    text so far, and a small JSON scanner that stops at the object's closing brace."""
+
+    index: int
+    name: str
+    parts: list[str] = field(default_factory=list)
+    depth: int = 0
+    in_string: bool = False
+    escape: bool = False
+    done: bool = False
+
+    def take(self, text: str) -> str:
+        """The part of `text` that belongs to the arguments object (nothing after its end)."""
+        if self.done:
+            return ""
+        for i, ch in enumerate(text):
+            if self.in_string:
+                if self.escape:
+                    self.escape = False
+                elif ch == "\\":
+                    self.escape = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.done = True
+                    text = text[: i + 1]
+                    break
+        self.parts.append(text)
+        return text
 
 
 @dataclass(slots=True)
@@ -153,6 +211,11 @@ class OutputParser:
         self._calls: list[ToolCall] = []
         self._errors: list[ParseError] = []
         self._closed = False
+        # The open block's call, once its head is recognized (JSON formats): it streams.
+        self._head: str | None = ""  # None: this block's head is not one that streams
+        self._arg: _ArgStream | None = None
+        self._streams = self._fmt in _JSON_FORMATS
+        self._lead_seen = False  # the open block's first non-space character was seen
 
     def feed(self, text: str) -> list[ParserEvent]:
         """Consume the next piece of decoded text; return the events that can be sent now."""
@@ -171,6 +234,7 @@ class OutputParser:
         out: list[ParserEvent] = []
         carry, self._carry = self._carry, ""
         if self._state == _TOOL:
+            self._stream(carry, out)
             self._finish_block("".join(self._block) + carry, terminated=False, out=out)
         elif self._state == _REASONING or (self._state == _START and self._reasoning_forced):
             self._thinking.push(carry, out)
@@ -208,13 +272,20 @@ class OutputParser:
                 else:
                     self._state = _REASONING if self._reasoning_forced else _CONTENT
             elif state == _TOOL:
+                if self._streams and not self._lead_seen and (lead := s[pos:].lstrip()):
+                    self._lead_seen = True
+                    if lead[0] not in "{[":
+                        pos = self._release_block(s, pos, out)
+                        continue
                 end = s.find(TOOL_CALL_END, pos)
                 if end < 0:
                     # The end marker can only straddle the last len-1 characters.
                     keep = max(pos, n - len(TOOL_CALL_END) + 1)
                     self._block.append(s[pos:keep])
+                    self._stream(s[pos:keep], out)
                     self._carry = s[keep:]
                     return
+                self._stream(s[pos:end], out)
                 block = "".join(self._block) + s[pos:end]
                 self._block.clear()
                 pos = end + len(TOOL_CALL_END)
@@ -240,10 +311,60 @@ class OutputParser:
                 self._state = _TOOL if marker == TOOL_CALL_START else _CONTENT
         self._carry = ""
 
+    def _release_block(self, s: str, pos: int, out: list[ParserEvent]) -> int:
+        """A JSON-format block that opens with neither `{` nor `[` is no call: it goes out as
+        content at once (not held to its end, which may never come) and is flagged."""
+        seen = TOOL_CALL_START + "".join(self._block)
+        self._block.clear()
+        end = s.find(TOOL_CALL_END, pos)
+        raw = seen + (s[pos : end + len(TOOL_CALL_END)] if end >= 0 else s[pos:])  # as much as is known
+        self._errors.append(ParseError(INVALID_JSON, "the block opens with no JSON object or list", raw))
+        self._content.push(seen, out)
+        self._state, self._lead_seen = _CONTENT, False
+        return pos
+
+    def _stream(self, piece: str, out: list[ParserEvent]) -> None:
+        """Stream the open block's call as it is sampled: its name once the head `{"name":
+        "NAME", "arguments": {` is seen (NAME one of the tools), then its arguments text."""
+        if not self._streams or not piece:
+            return
+        if self._arg is None:
+            if self._head is None:  # not a streamable head: parsed whole at the block's end
+                return
+            self._head += piece
+            m = _HEAD.match(self._head)
+            if m is None:
+                if len(self._head) > _HEAD_LIMIT:
+                    self._head = None
+                return
+            if m[1] not in self._schemas:
+                self._head = None  # an unknown tool's call is parsed (and flagged) whole
+                return
+            self._arg = _ArgStream(len(self._calls), m[1])
+            out.append(ParserEvent("tool_call_start", call=ToolCall(self._arg.index, m[1], "")))
+            piece = self._head[m.end() :]
+        if text := self._arg.take(piece):
+            out.append(
+                ParserEvent("tool_call_args", text=text, call=ToolCall(self._arg.index, self._arg.name, ""))
+            )
+
     def _finish_block(self, block: str, *, terminated: bool, out: list[ParserEvent]) -> None:
         """Turn one block into tool-call events, or into content plus a recorded error."""
         parsed = parse_block(self._fmt, block, self._schemas, terminated=terminated)
         self._errors.extend(parsed.errors)
+        arg, self._arg, self._head, self._lead_seen = self._arg, None, "", False
+        if arg is not None and arg.done:
+            # The call went out as it was sampled: it stays a call, with the arguments text the
+            # model wrote (what the agent was streamed); a block that does not parse to exactly
+            # that call is flagged.
+            raw = "".join(arg.parts)
+            if not (
+                parsed.ok and len(parsed.calls) == 1 and arg.done and _same_object(raw, parsed.calls[0][1])
+            ):
+                detail = "the block is not the one call whose name and arguments were streamed"
+                self._errors.append(ParseError(STREAMED_MISMATCH, detail, TOOL_CALL_START + block))
+            self._calls.append(ToolCall(arg.index, arg.name, raw))
+            return
         if not parsed.ok:
             self._content.push(parsed.errors[0].raw if parsed.errors else block, out)
             return
@@ -251,3 +372,11 @@ class OutputParser:
             call = ToolCall(len(self._calls), name, arguments)
             self._calls.append(call)
             out.append(ParserEvent("tool_call", call=call))
+
+
+def _same_object(raw: str, arguments: str) -> bool:
+    """Whether the streamed arguments text is the parsed arguments object."""
+    try:
+        return json.loads(raw) == json.loads(arguments)
+    except ValueError:
+        return False

@@ -50,6 +50,9 @@ UNTERMINATED = "unterminated"  # no </tool_call> before the end of generation
 UNKNOWN_TOOL = "unknown_tool"  # the name is not among the request's tools (call kept)
 UNKNOWN_PARAMETER = "unknown_parameter"  # qwen3_coder parameter not in the schema (kept as a string)
 BAD_VALUE = "bad_value"  # qwen3_coder value does not fit its schema type (kept as a string)
+# A call streamed as sampled (its name and arguments already sent) whose block then did not parse
+# to exactly that call: kept as a call with the arguments text the model wrote.
+STREAMED_MISMATCH = "streamed_call_mismatch"
 
 
 @dataclass(slots=True)

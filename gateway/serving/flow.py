@@ -83,9 +83,10 @@ class Surface(Generic[CallT]):
             doc = await cancel_on_disconnect(request, self.run(request, session, call))
             return json_response(200, doc)
         events = self.stream(request, session, call)
-        # Enter the stream now: errors with a status surface here; from here on it owns the
-        # session lock and releases it in any case.
-        first = await events.__anext__()
+        # Enter the stream now, up to the engine's first answer: errors with a status surface
+        # here (a client that leaves meanwhile cancels the turn); from here on the stream owns
+        # the session lock and releases it in any case.
+        first = await cancel_on_disconnect(request, events.__anext__())
         body = sse_stream(
             first, events, encode=self.encode, error=partial(self.stream_error, call), done=self.done
         )

@@ -21,7 +21,9 @@ from rlgw.gateway.tenancy.tenants import require_tenant
 log = logging.getLogger(__name__)
 router = APIRouter()
 
-SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "presence_penalty"}
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "presence_penalty", "seed"}
+# Session keys spelled as the agents' APIs spell them, sent to the engine under SGLang's name.
+_ENGINE_NAMES = {"seed": "sampling_seed"}
 
 
 class SessionCreate(BaseModel):
@@ -77,7 +79,7 @@ async def create_session(
         group_index=body.group_index,
         policy=body.policy or state.default_policy,
         metadata=body.metadata,
-        sampling=body.sampling,
+        sampling={_ENGINE_NAMES.get(k, k): v for k, v in body.sampling.items()},
         sampling_precedence=body.sampling_precedence,
     )
     if state.sessions.journal is not None:

@@ -123,7 +123,8 @@ async def store_samples(
         "task_id": session.task_id,
         "session_id": session.id,
         "termination_reason": session.termination_reason,
-        "turns": session.turns,
+        # The session's own count; each sample's `turns` counts its segment's (Ledger.build_samples).
+        "session_turns": session.turns,
         "failed_turns": session.failed_turns,
     }
     if engine:

@@ -45,6 +45,9 @@ def apply_record(session: Session, record: dict[str, Any], *, committed_at: floa
         seg.note("echo_matches", {"turn": index, "how": how})
     for index, what in record.get("echo_edits") or ():
         seg.note("echo_edits", {"turn": index, "field": what})
+    for key, values in (record.get("notes") or {}).items():
+        for value in values:
+            seg.note(key, value)
     if record.get("overridden"):
         seg.note("agent_sampling", {"turn": len(seg.turns), **record["overridden"]})
     ledger.commit(

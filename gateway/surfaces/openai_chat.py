@@ -54,6 +54,7 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
+    ignore_eos: bool | None = None  # SGLang's and vLLM's extension: generate past the stop token
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     n: int = Field(1, ge=1)
@@ -162,6 +163,8 @@ def chat_params(req: ChatCompletionRequest, *, event: str | None = None) -> Chat
             sampling[name] = value
     if req.seed is not None:
         sampling["sampling_seed"] = req.seed
+    if req.ignore_eos is not None:
+        sampling["ignore_eos"] = req.ignore_eos
     return ChatParams(
         messages=_check_messages(req.messages),
         tools=req.tools or None,
@@ -193,14 +196,25 @@ def _logprobs_doc(entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
     }
 
 
-def _usage(turn: ChatTurn) -> dict[str, Any]:
+def _usage(profile: ModelProfile, turn: ChatTurn) -> dict[str, Any]:
     n_in, n_out = turn.prompt_tokens, len(turn.result.output_ids)
     return {
         "prompt_tokens": n_in,
         "completion_tokens": n_out,
         "total_tokens": n_in + n_out,
         "prompt_tokens_details": {"cached_tokens": turn.result.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": _reasoning_tokens(profile, turn)},
     }
+
+
+def _reasoning_tokens(profile: ModelProfile, turn: ChatTurn) -> int:
+    """Sampled tokens up to and including the one that closed the reasoning (all of them if the
+    reasoning never closed)."""
+    if not turn.parsed.reasoning_content:
+        return 0
+    ids = turn.result.output_ids
+    end = profile.think_end_id
+    return ids.index(end) + 1 if end is not None and end in ids else len(ids)
 
 
 def completion_doc(profile: ModelProfile, turn: ChatTurn) -> dict[str, Any]:
@@ -234,7 +248,7 @@ def completion_doc(profile: ModelProfile, turn: ChatTurn) -> dict[str, Any]:
         "created": turn.created,
         "model": profile.name,
         "choices": [choice],
-        "usage": _usage(turn),
+        "usage": _usage(profile, turn),
         "metadata": {"weight_version": turn.result.weight_version},
     }
 
@@ -258,23 +272,23 @@ def _delta_chunks(rid: str, created: int, model: str, d: ChatDelta) -> list[dict
     if d.kind == "reasoning":
         return [_chunk(rid, created, model, {"reasoning_content": d.text}, **lp)]
     assert d.call is not None
+    if d.kind == "tool_call_args":
+        return [_chunk(rid, created, model, {"tool_calls": [_args(d.call.index, d.text)]}, **lp)]
     head = {"id": d.call_id, "index": d.call.index, "type": "function"}
-    args = {
-        "index": d.call.index,
-        "id": None,
-        "type": "function",
-        "function": {"arguments": d.call.arguments},
-    }
-    return [
-        _chunk(
-            rid,
-            created,
-            model,
-            {"tool_calls": [{**head, "function": {"name": d.call.name, "arguments": ""}}]},
-            **lp,
-        ),
-        _chunk(rid, created, model, {"tool_calls": [args]}),
-    ]
+    start = _chunk(
+        rid,
+        created,
+        model,
+        {"tool_calls": [{**head, "function": {"name": d.call.name, "arguments": ""}}]},
+        **lp,
+    )
+    if d.kind == "tool_call_start":  # its arguments follow as they are sampled
+        return [start]
+    return [start, _chunk(rid, created, model, {"tool_calls": [_args(d.call.index, d.call.arguments)]})]
+
+
+def _args(index: int, text: str) -> dict[str, Any]:
+    return {"index": index, "id": None, "type": "function", "function": {"arguments": text}}
 
 
 async def run_turn(
@@ -312,5 +326,5 @@ async def stream_turn(
                     "created": created,
                     "model": model,
                     "choices": [],
-                    "usage": _usage(item),
+                    "usage": _usage(profile, item),
                 }

@@ -48,6 +48,8 @@ from rlgw.gateway.tenancy.limits import turn_generated, turn_slot
 
 log = logging.getLogger(__name__)
 
+# The output cap of a turn that names none (`rlgw serve --default-max-tokens`).
+DEFAULT_MAX_TOKENS = 16384
 # Sampling keys the trainer owns in a session whose sampling precedence is `session`.
 OWNED_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "sampling_seed")
 
@@ -235,7 +237,8 @@ def engine_sampling(
     In a session whose sampling precedence is `session` (capture mode's default) the trainer
     owns temperature, top_p, top_k, min_p and the seed: the agent's values are not applied and
     are returned for the sample's metadata. `max_new_tokens` is checked against the context;
-    a refusal changes nothing in the session.
+    a refusal changes nothing in the session. A turn that names no cap (nor does its session's
+    `max_tokens`) gets `profile.default_max_tokens`, or what is left of the context if less.
     """
     room = profile.context_length - prompt_len
     if room <= 0:
@@ -243,6 +246,8 @@ def engine_sampling(
             f"This model's maximum context length is {profile.context_length} tokens. However, your "
             f"messages resulted in {prompt_len} tokens.",
             param="messages",
+            prompt_tokens=prompt_len,
+            limit=profile.context_length,
         )
     max_new = max_tokens if max_tokens is not None else session.sampling.get("max_tokens")
     if max_new is not None and max_new > room:
@@ -251,6 +256,9 @@ def engine_sampling(
             f"requested {prompt_len + max_new} tokens ({prompt_len} in the messages, {max_new} in the "
             "completion). Please reduce the length of the messages or completion.",
             param="max_tokens",
+            prompt_tokens=prompt_len,
+            max_tokens=max_new,
+            limit=profile.context_length,
         )
     overridden: dict[str, Any] = {}
     sp = {k: v for k, v in session.sampling.items() if k != "max_tokens"}
@@ -259,7 +267,9 @@ def engine_sampling(
             overridden[k] = v
         else:
             sp[k] = v
-    sp["max_new_tokens"] = int(max_new if max_new is not None else room)
+    if max_new is None:  # no cap named: the gateway's default, within the context
+        max_new = min(room, profile.default_max_tokens or room)
+    sp["max_new_tokens"] = int(max_new)
     if top_logprobs:
         sp["top_logprobs_num"] = top_logprobs
     return sp, overridden
@@ -278,6 +288,7 @@ async def commit(
     parse_errors: list[dict[str, Any]],
     overridden: dict[str, Any],
     end_of_turn_id: int | None,
+    notes: dict[str, list[Any]] | None = None,
 ) -> None:
     """Journal the finished turn; it is applied (the plan's segment change and the generation)
     when it settles (`turn_scope`).
@@ -304,6 +315,7 @@ async def commit(
             echo_matches=plan.echo_matches,
             echo_edits=plan.echo_edits,
             overridden=overridden,
+            notes=notes or {},
             commit={
                 # Their digests, not the messages: all the ledger keeps of them (and a smaller row).
                 "new_messages": None,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rlgw.gateway.engine_client.backend import GenerationResult, ModelBackend
+from rlgw.gateway.engine_client.backend import GenerationResult, ModelBackend, first_answer
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.ids import fresh_hex
 from rlgw.gateway.ledger.ledger import Synced, Violation, canonical_arguments, history_print, tools_digest
@@ -60,6 +60,9 @@ class ChatParams:
     # switches surfaces opens a new segment with cause `mode_switch`.
     surface: str = "chat"
     event: str | None = None  # a segment cause the agent states (`X-Rlgw-Event`)
+    # What the surface changed in the request, for the sample's metadata (key -> values noted
+    # once per segment), e.g. `dropped_tools`: hosted tools left out of the template's list.
+    notes: dict[str, list[Any]] = field(default_factory=dict)
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -107,10 +110,11 @@ class ChatStart:
 
 @dataclass(slots=True)
 class ChatDelta:
-    """A piece of a streamed turn: text, reasoning, or one whole tool call, with the logprobs of
-    the tokens sampled since the previous piece that carried some."""
+    """A piece of a streamed turn: text, reasoning, one whole tool call, or a call as it is
+    sampled (its start, then pieces of its arguments), with the logprobs of the tokens sampled
+    since the previous piece that carried some."""
 
-    kind: str  # "content" | "reasoning" | "tool_call"
+    kind: str  # "content" | "reasoning" | "tool_call" | "tool_call_start" | "tool_call_args"
     text: str = ""
     call: ToolCall | None = None
     call_id: str = ""
@@ -272,6 +276,7 @@ async def _commit(
     call_ids: list[str],
     response_id: str,
     overridden: dict[str, Any],
+    notes: dict[str, list[Any]],
 ) -> None:
     await commit(
         profile,
@@ -284,6 +289,7 @@ async def _commit(
         content=parsed.content,
         parse_errors=[{"kind": e.kind, "detail": e.detail, "raw": e.raw} for e in parsed.errors],
         overridden=overridden,
+        notes=notes,
         end_of_turn_id=profile.renderer.end_of_turn_id,
     )
 
@@ -333,7 +339,7 @@ async def run_chat(
         _check_calls(params, parsed)
         call_ids = [tool_call_id() for _ in parsed.tool_calls]
         response_id = "chatcmpl-" + fresh_hex()
-        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
+        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden, params.notes)
     lps = (
         token_logprobs(profile, result.output_ids, result.logprobs, result.top_logprobs)
         if params.logprobs
@@ -360,34 +366,44 @@ async def stream_chat(
         call_ids: list[str] = []
         pending: list[TokenLogprob] = []
         created = int(time.time())
-        yield ChatStart(response_id, created)
-        result: GenerationResult | None = None
-        async for update in backend.stream(plan.input_ids, sampling, rid=turn.rid, routing_key=session.id):
-            events = decoder.feed(update.new_ids) if update.new_ids else []
-            if params.logprobs and update.new_ids:
-                pending += token_logprobs(profile, update.new_ids, update.new_logprobs, update.new_top)
-            if update.result is not None:
-                result = update.result
-                events += decoder.close(result)
-            for ev in events:
-                delta = _delta(ev, call_ids)
-                if delta is None:
-                    continue
-                if pending and delta.kind == "content":
-                    delta.logprobs, pending = pending, []
-                yield delta
+        updates = backend.stream(plan.input_ids, sampling, rid=turn.rid, routing_key=session.id)
+        # The head goes out only once the engine has answered (`first_answer`).
+        try:
+            answered = await first_answer(updates)
+            yield ChatStart(response_id, created)
+            result: GenerationResult | None = None
+            async for update in answered:
+                events = decoder.feed(update.new_ids) if update.new_ids else []
+                if params.logprobs and update.new_ids:
+                    pending += token_logprobs(profile, update.new_ids, update.new_logprobs, update.new_top)
+                if update.result is not None:
+                    result = update.result
+                    events += decoder.close(result)
+                for ev in events:
+                    delta = _delta(ev, call_ids)
+                    if delta is None:
+                        continue
+                    if pending:
+                        delta.logprobs, pending = pending, []
+                    yield delta
+        finally:
+            await updates.aclose()  # a turn closed early aborts its engine request now
         if result is None:
             raise RuntimeError("the engine stream ended without a result")
         parsed = decoder.parser.result()
+        # A call cut inside its arguments was started in the stream but is no call (content).
+        del call_ids[len(parsed.tool_calls) :]
         _check_calls(params, parsed)
-        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
+        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden, params.notes)
     yield ChatTurn(response_id, created, parsed, call_ids, result, len(plan.input_ids), pending or None)
 
 
 def _delta(ev: ParserEvent, call_ids: list[str]) -> ChatDelta | None:
     if ev.kind in ("content", "reasoning") and ev.text:
         return ChatDelta(ev.kind, ev.text)
-    if ev.kind == "tool_call" and ev.call is not None:
+    if ev.kind in ("tool_call", "tool_call_start") and ev.call is not None:
         call_ids.append(tool_call_id())
-        return ChatDelta("tool_call", call=ev.call, call_id=call_ids[-1])
+        return ChatDelta(ev.kind, call=ev.call, call_id=call_ids[-1])
+    if ev.kind == "tool_call_args" and ev.text:
+        return ChatDelta(ev.kind, ev.text, call=ev.call)
     return None

@@ -9,6 +9,7 @@ engine's teacher-forced logprobs). Errors answer in Anthropic's format.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ import httpx
 import openai
 import pytest
 
+from rlgw.gateway.surfaces.anthropic import translate as at
+from rlgw.gateway.surfaces.anthropic.api import turn_params
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stack, stored
 from tests.support.surface_e2e import chat_reply, result_text
@@ -173,3 +176,54 @@ def test_switching_from_chat_to_messages_opens_a_mode_switch_segment(qwen3: Stac
     client.messages.create(model="m", max_tokens=32, messages=history, extra_body={"temperature": 0})
     summary = finish(qwen3, s["session_id"])
     assert [c["cause"] for c in summary["segment_causes"]] == ["start", "mode_switch"]
+
+
+CLAUDE_CODE = Path(__file__).parents[1] / "fixtures" / "claude_code" / "first_request.json"
+
+
+def claude_code_request() -> dict[str, Any]:
+    """Claude Code's captured first request (tests/gateway/test_mid_system.py), cut down to fit
+    tiny-qwen3's 8k context: two of its tools and shorter texts, its shape unchanged."""
+    body = json.loads(CLAUDE_CODE.read_text())
+    body["tools"] = [t for t in body["tools"] if t["name"] in ("Bash", "Write")]
+    for block in [*body["system"], *(b for m in body["messages"] for b in m["content"])]:
+        block["text"] = block["text"][:1200]
+    return body
+
+
+def test_claude_codes_first_request_retries_on_the_context_wording_and_records(qwen3: Stack) -> None:
+    s = open_session(qwen3, task_id="claude-code")
+    client = anthropic.Anthropic(base_url=s["base_url"].removesuffix("/v1"), api_key="k", max_retries=0)
+    body = claude_code_request()
+    betas = {"anthropic-beta": "claude-code-20250219,mid-conversation-system-2026-04-07"}
+    # Sent as Claude Code sends it (fields this SDK release has no argument for go as they are).
+    rest = {k: v for k, v in body.items() if k not in ("model", "max_tokens", "messages", "stream")}
+    with pytest.raises(anthropic.BadRequestError) as over:
+        client.messages.create(
+            model=body["model"],
+            max_tokens=body["max_tokens"],
+            messages=body["messages"],
+            stream=True,
+            extra_body=rest,
+            extra_headers=betas,
+        )
+    # Claude Code's own pattern: it retries with max_tokens = C - P - 1000 (floor 3000).
+    found = re.search(
+        r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)", over.value.message
+    )
+    assert found and int(found[2]) == 128000 and int(found[3]) == 8192
+    body["max_tokens"] = 48  # short for the test: the retry itself is what is checked
+    body["temperature"] = rest["temperature"] = 0.0
+    with client.messages.stream(
+        model=body["model"], max_tokens=48, messages=body["messages"], extra_body=rest, extra_headers=betas
+    ) as stream:
+        reply = stream.get_final_message()
+    assert reply.usage.output_tokens > 0
+    params = turn_params(at.MessagesRequest.model_validate(body))
+    assert [m["role"] for m in params.messages] == ["system", "user", "system"]
+    summary = finish(qwen3, s["session_id"])
+    assert summary["segments"] == 1 and summary["rejects"] == []
+    doc = stored(qwen3, summary["samples"][0]["cursor"])
+    assert int(found[1]) == len(doc["tokens"]) - doc["response_length"]
+    run = Run([params.messages], [as_chat(reply)])
+    check_sample(qwen3, doc, run, params.tools, params.template_kwargs)

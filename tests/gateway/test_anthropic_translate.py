@@ -133,7 +133,12 @@ def test_thinking_disabled_turns_the_switch_off_and_chat_template_kwargs_win() -
     [
         ([{"role": "user", "content": [{"type": "image", "source": {}}]}], None, "'image' blocks"),
         ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}], None, "prefill"),
-        ([{"role": "system", "content": "hi"}], None, "'user' or 'assistant'"),
+        ([{"role": "developer", "content": "hi"}], None, "'user', 'assistant' or 'system'"),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "system", "content": [{"type": "tool_addition"}]}],
+            None,
+            "'tool_addition' blocks are not supported in a system message",
+        ),
         (
             [{"role": "user", "content": "hi"}],
             [{"type": "web_search_20250305", "name": "web"}],

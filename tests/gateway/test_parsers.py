@@ -8,7 +8,7 @@ import random
 import pytest
 
 from rlgw.gateway.parsing.detokenize import IncrementalDetokenizer
-from rlgw.gateway.parsing.output_parser import OutputParser, ParsedOutput, ParserEvent
+from rlgw.gateway.parsing.output_parser import OutputParser, ParsedOutput, ParserEvent, ToolCall
 from rlgw.gateway.parsing.reasoning import detect_reasoning
 from rlgw.gateway.parsing.tool_calls import (
     convert_value,
@@ -150,7 +150,7 @@ def test_qwen25_parallel_calls_keep_order_and_strip_content():
     assert calls(r) == [("get_weather", {"city": "Paris", "days": 3}), ("get_weather", {"city": "Zürich"})]
     assert [c.index for c in r.tool_calls] == [0, 1]
     assert r.tool_calls[1].arguments == '{"city": "Zürich"}'  # ensure_ascii=False, SGLang separators
-    assert [e.kind for e in events] == ["content", "tool_call", "tool_call"]
+    assert _kinds(events) == ["content", "tool_call", "tool_call"]
     assert r.errors == []
 
 
@@ -188,26 +188,46 @@ def test_hermes_accepts_an_unterminated_last_call():
 def test_unterminated_incomplete_call_becomes_content_and_is_flagged(fmt):
     body = '{"name": "get_weather", "arguments": {"ci' if fmt != "qwen3_coder" else "<function=get_weather>"
     text = "Checking.\n<tool_call>\n" + body
-    events, r = parse(text, tool_format=fmt)
-    assert r.tool_calls == []
-    assert r.content == "Checking.\n<tool_call>\n" + body
-    assert [e.kind for e in r.errors] == ["unterminated"]
-    assert r.errors[0].raw == "<tool_call>\n" + body
+    events, r = parse(text, tool_format=fmt, chunks=[text[:-3], text[-3:]])
+    assert r.errors[0].kind == "unterminated" and r.errors[0].raw == "<tool_call>\n" + body
     assert joined(events, "content") == r.content
+    # Cut inside its arguments: no call, even where its start streamed.
+    assert r.tool_calls == [] and r.content == "Checking.\n<tool_call>\n" + body
+    assert len(r.errors) == 1
 
 
 def test_qwen25_unterminated_complete_json_is_still_unterminated():
+    # The call's head and arguments streamed as sampled: it stays the call the agent was sent.
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
-    _, r = parse(text, tool_format="qwen25")
-    assert r.tool_calls == [] and [e.kind for e in r.errors] == ["unterminated"]
+    events, r = parse(text, tool_format="qwen25")
+    assert calls(r) == [("get_weather", {"city": "Oslo"})] and streamed(events) == r.tool_calls
+    assert [e.kind for e in r.errors] == ["unterminated", "streamed_call_mismatch"]
+
+
+def test_a_block_that_opens_no_json_goes_out_as_content_at_once():
+    p = OutputParser(tool_format="qwen25", tools=TOOLS, reasoning=False, reasoning_forced=False)
+    # Not held until a </tool_call> that may never come: the stream does not go silent.
+    assert p.feed("Hi <tool_call>\n") == [ParserEvent("content", "Hi")]
+    assert p.feed("windy report") == [ParserEvent("content", " <tool_call>\nwindy report")]
+    p.close()
+    r = p.result()
+    assert r.content == "Hi <tool_call>\nwindy report" and r.tool_calls == []
+    assert [e.kind for e in r.errors] == ["invalid_json"]
+
+
+def test_a_streamed_call_whose_arguments_do_not_parse_stays_a_call_and_is_flagged():
+    block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'
+    events, r = parse(f"Hi\n{block}", tool_format="qwen25")
+    assert r.content == "Hi" and r.tool_calls == [ToolCall(0, "get_weather", '{"city": }')]
+    assert streamed(events) == r.tool_calls
+    assert [e.kind for e in r.errors] == ["invalid_json", "streamed_call_mismatch"]
 
 
 @pytest.mark.parametrize(
     ("block", "kind"),
     [
-        ('{"name": "get_weather", "arguments": {"city": }', "invalid_json"),
+        ('{"name": "get_weather" "arguments": {"city": "Oslo"}}', "invalid_json"),
         ('{"arguments": {"city": "Oslo"}}', "bad_call"),
-        ('"get_weather"', "bad_call"),
         ("[]", "bad_call"),
         ('{"name": "get_weather", "arguments": [1, 2]}', "bad_arguments"),
         ('{"name": "get_weather", "arguments": "not json"}', "bad_arguments"),
@@ -220,7 +240,7 @@ def test_invalid_json_block_is_returned_as_content_and_flagged(block, kind):
     assert calls(r) == [("get_weather", {"city": "Oslo"})]  # the good call is still made
     assert r.content == f"Hi\n\n{bad}"
     assert [(e.kind, e.raw) for e in r.errors] == [(kind, bad)]
-    assert [e.kind for e in events] == ["content", "tool_call", "content"]
+    assert _kinds(events) == ["content", "tool_call", "content"]
 
 
 def test_one_bad_item_in_a_list_turns_the_whole_block_into_content():
@@ -396,9 +416,12 @@ def test_streaming_sends_text_early_and_holds_only_a_partial_marker():
     assert p.feed(" it </th") == [ParserEvent("reasoning", " it")]  # trailing space waits for more text
     assert p.feed("ink>\n\nAns") == [ParserEvent("content", "Ans")]
     assert p.feed("wer <tool") == [ParserEvent("content", "wer")]
-    assert p.feed('_call>\n{"name": "get_weather", "arguments": {"city": "X"}}\n</tool') == []
-    (event,) = p.feed("_call>")
-    assert event.kind == "tool_call" and event.call.name == "get_weather"
+    # A call streams as sampled: its name, then its arguments up to the object's end.
+    start, args = p.feed('_call>\n{"name": "get_weather", "arguments": {"city": "X"}}\n</tool')
+    assert start.kind == "tool_call_start" and start.call.name == "get_weather"
+    # The last characters wait: they could begin </tool_call>.
+    assert args == ParserEvent("tool_call_args", '{"city": "', ToolCall(0, "get_weather", ""))
+    assert p.feed("_call>") == [ParserEvent("tool_call_args", 'X"}', ToolCall(0, "get_weather", ""))]
     assert p.close() == []
     assert p.result().content == "Answer"
 
@@ -446,7 +469,7 @@ def test_any_chunking_gives_the_same_events_and_result(text, kw):
     whole_events, whole = parse(text, **kw)
     assert joined(whole_events, "content") == whole.content
     assert (joined(whole_events, "reasoning") or None) == whole.reasoning_content
-    assert [e.call for e in whole_events if e.kind == "tool_call"] == whole.tool_calls
+    assert streamed(whole_events) == whole.tool_calls
     rng = random.Random(1234)
     chunkings = [list(text)] + [_random_chunks(text, rng) for _ in range(40)]
     for chunks in chunkings:
@@ -454,16 +477,35 @@ def test_any_chunking_gives_the_same_events_and_result(text, kw):
         assert result == whole, chunks
         assert joined(events, "content") == whole.content
         assert joined(events, "reasoning") == (whole.reasoning_content or "")
-        assert [e.call for e in events if e.kind == "tool_call"] == whole.tool_calls
+        assert streamed(events) == whole.tool_calls
         # The relative order of kinds is the same (adjacent same-kind text merged).
         assert _kinds(events) == _kinds(whole_events)
 
 
 def _kinds(events: list[ParserEvent]) -> list[str]:
+    """Event kinds, runs of text merged, a streamed call (start, then argument pieces) as one call."""
     out: list[str] = []
     for e in events:
-        if e.kind == "tool_call" or not out or out[-1] != e.kind:
-            out.append(e.kind)
+        if e.kind == "tool_call_args":
+            continue
+        kind = "tool_call" if e.kind == "tool_call_start" else e.kind
+        if kind == "tool_call" or not out or out[-1] != kind:
+            out.append(kind)
+    return out
+
+
+def streamed(events: list[ParserEvent]) -> list[ToolCall]:
+    """The calls as an agent receives them: whole, or named first and their arguments streamed."""
+    out: list[ToolCall] = []
+    for e in events:
+        assert e.call is not None or e.kind not in ("tool_call", "tool_call_start", "tool_call_args")
+        if e.kind == "tool_call":
+            out.append(e.call)
+        elif e.kind == "tool_call_start":
+            out.append(ToolCall(e.call.index, e.call.name, ""))
+        elif e.kind == "tool_call_args":
+            assert out[-1].index == e.call.index
+            out[-1].arguments += e.text
     return out
 
 

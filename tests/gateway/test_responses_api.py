@@ -200,3 +200,48 @@ def test_agents_sdk_default_model_runs_a_recorded_tool_loop(qwen3: Stack) -> Non
         ]
         run.replies.append(chat_reply(turn["content"], turn.get("reasoning_content"), calls))
     recorded(qwen3, s["session_id"], run, {"enable_thinking": False})
+
+
+CODEX = Path(__file__).parents[1] / "fixtures" / "codex" / "first_request.json"
+
+
+def test_hosted_tools_are_left_out_and_call_arguments_stream_as_sampled(qwen3: Stack) -> None:
+    s = open_session(qwen3, task_id="codex-tools")
+    client = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+    tools = [*TOOLS, {"type": "web_search", "external_web_access": False}]
+    kwargs: dict[str, Any] = {"model": "m", "input": fp.WEATHER[0]["content"], "tools": tools}
+    with client.responses.stream(**kwargs, temperature=0.0) as stream:
+        events = list(stream)
+        response = stream.get_final_response()
+    (call,) = [i for i in response.output if i.type == "function_call"]
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    # The arguments went out as they were sampled, in more than one piece, and add up to the call.
+    assert len(deltas) > 1 and "".join(e.delta for e in deltas) == call.arguments
+    assert json.loads(call.arguments) == {"city": "Paris"}
+    summary = finish(qwen3, s["session_id"])
+    doc = stored(qwen3, summary["samples"][0]["cursor"])
+    assert doc["metadata"]["dropped_tools"] == ["web_search"]
+    # The model was never shown the hosted tool.
+    prompt = qwen3.tokenizer.decode(doc["tokens"][: len(doc["tokens"]) - doc["response_length"]])
+    assert "web_search" not in prompt and '"name": "get_weather"' in prompt
+
+
+def test_codexs_first_request_with_its_defaults_is_served(qwen3: Stack) -> None:
+    # Codex's captured request (tests/fixtures/codex), its long instructions cut to fit tiny-qwen3's
+    # context: a namespace tool, web_search, no max_output_tokens, store false, streamed.
+    body = json.loads(CODEX.read_text())
+    for item in body["input"]:
+        for part in item["content"]:
+            part["text"] = part["text"][:1500]
+    # Codex names no output cap: the session's `max_tokens` caps the turn (short, for the test).
+    s = open_session(qwen3, task_id="codex", sampling={"max_tokens": 32})
+    auth = {"Authorization": f"Bearer {s['api_key']}"}
+    r = httpx.post(s["base_url"] + "/responses", json=body, headers=auth, timeout=600)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    kinds = [line.removeprefix("event: ") for line in r.text.splitlines() if line.startswith("event: ")]
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
+    summary = finish(qwen3, s["session_id"])
+    doc = stored(qwen3, summary["samples"][0]["cursor"])
+    assert doc["metadata"]["dropped_tools"] == ["web_search"] and doc["response_length"] <= 32
+    prompt = qwen3.tokenizer.decode(doc["tokens"][: len(doc["tokens"]) - doc["response_length"]])
+    assert '"name": "multi_agent_v1.spawn_agent"' in prompt  # the namespace's functions, qualified

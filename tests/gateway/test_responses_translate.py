@@ -115,10 +115,13 @@ def test_unsupported_items_are_400s(items: list, words: str) -> None:
         rt.chat_messages(None, items)
 
 
-def test_tools_other_than_functions_and_structured_output_are_400s() -> None:
-    req = rt.ResponsesRequest.model_validate({"input": "x", "tools": [{"type": "web_search"}]})
-    with pytest.raises(InvalidRequest, match="only function tools"):
+def test_tools_no_one_can_run_here_and_structured_output_are_400s() -> None:
+    req = rt.ResponsesRequest.model_validate({"input": "x", "tools": [{"type": "computer_use_preview"}]})
+    with pytest.raises(InvalidRequest, match="'computer_use_preview' tools are not supported"):
         rt.chat_request(req, rt.input_items(req.input))
+    # A hosted tool is left out, not refused: the model is not shown it.
+    req = rt.ResponsesRequest.model_validate({"input": "x", "tools": [{"type": "web_search"}]})
+    assert "tools" not in rt.chat_request(req, rt.input_items(req.input))
     req = rt.ResponsesRequest.model_validate({"input": "x", "text": {"format": {"type": "json_schema"}}})
     with pytest.raises(InvalidRequest, match="constrained decoding"):
         rt.chat_request(req, rt.input_items(req.input))

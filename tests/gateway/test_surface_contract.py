@@ -56,7 +56,9 @@ def test_messages_errors_before_the_first_byte_are_anthropic_errors(gw: str, fe:
     url, key = s["base_url"] + "/messages", {"x-api-key": s["api_key"]}
     r = httpx.post(url, json={**HI, "max_tokens": 1000}, headers=key)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
-    assert "maximum context length" in r.json()["error"]["message"]
+    assert r.json()["error"]["message"].startswith(
+        "input length and `max_tokens` exceed context limit: 9 + 1000 > 256"
+    )
     r = httpx.post(url, content=b"{nope", headers=key)
     assert r.status_code == 400 and r.json()["type"] == "error"
     r = httpx.post(url, json={**HI, "temperature": 3}, headers=key)
@@ -64,6 +66,34 @@ def test_messages_errors_before_the_first_byte_are_anthropic_errors(gw: str, fe:
     fe.script.append("500")
     r = httpx.post(url, json=HI, headers=key)
     assert r.status_code == 502 and r.json()["error"]["type"] == "api_error"
+    fe.script.extend(["503"] * 4)  # the engine client's retries, then the answer
+    r = httpx.post(url, json=HI, headers=key)
+    assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error"
+    assert info(gw, s["session_id"])["tokens"] == 0
+
+
+def _streamed(gw: str, fe: FaultEngine, path: str, body: dict, fault: str) -> tuple[dict, httpx.Response]:
+    """A new session's streamed turn on `path` whose engine call meets `fault`."""
+    s = session(gw)
+    fe.script.append(fault)
+    r = httpx.post(s["base_url"] + path, json=body, headers={"Authorization": f"Bearer {s['api_key']}"})
+    return s, r
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/messages", {**HI, "stream": True}),
+        ("/responses", {"input": "hi", "stream": True}),
+        ("/chat/completions", {**HI, "stream": True}),
+    ],
+)
+def test_a_stream_whose_engine_fails_before_the_first_token_is_a_status(
+    gw: str, fe: FaultEngine, path: str, body: dict
+) -> None:
+    # The head goes out only once the engine answered: the SDKs retry a 5xx, not an in-stream error.
+    s, r = _streamed(gw, fe, path, body, "500")
+    assert r.status_code == 502 and "text/event-stream" not in r.headers["content-type"]
     assert info(gw, s["session_id"])["tokens"] == 0
 
 
@@ -73,9 +103,7 @@ def test_messages_errors_before_the_first_byte_are_anthropic_errors(gw: str, fe:
 def test_an_engine_failure_mid_stream_is_an_error_event_and_records_nothing(
     gw: str, fe: FaultEngine, path: str, body: dict
 ) -> None:
-    s = session(gw)
-    fe.script.append("drop")
-    r = httpx.post(s["base_url"] + path, json=body, headers={"Authorization": f"Bearer {s['api_key']}"})
+    s, r = _streamed(gw, fe, path, body, "drop")
     assert r.status_code == 200
     events = sse_events(r.text)
     kinds = [e["type"] for e in events]

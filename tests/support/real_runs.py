@@ -137,7 +137,7 @@ async def run_real(
             validate_sample(sample)
             assert sample.reward == result.reward, (sample.reward, result.reward)
             assert sample.metadata.get("termination_reason") == str(result.termination)
-            llm_calls = max(llm_calls, int(sample.metadata.get("turns") or 0))
+            llm_calls = max(llm_calls, int(sample.metadata.get("session_turns") or 0))
     return Checked(result, llm_calls, len(result.samples), sandboxes.leftovers())
 
 

@@ -22,29 +22,15 @@ from rlgw.gateway.errors import APIError
 from rlgw.gateway.http.body_limits import parse_body
 from rlgw.gateway.http.errors import json_response, validation_message
 from rlgw.gateway.http.sse import named_event
+from rlgw.gateway.model.render import ChatRenderer
 from rlgw.gateway.serving.flow import Surface, translated
 from rlgw.gateway.serving.routing import EVENT_HEADER, session_for_key, session_for_path
 from rlgw.gateway.sessions.table import Session
 from rlgw.gateway.surfaces.anthropic import translate as at
+from rlgw.gateway.surfaces.anthropic.errors import anthropic_error_body, error_body, error_headers, status_of
+from rlgw.gateway.surfaces.anthropic.mid_system import fold_mid_system, places_mid_system
 from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params, run_turn, stream_turn
 from rlgw.gateway.turns.messages import ChatParams
-
-# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-}
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """Anthropic's error JSON for an HTTP status."""
-    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 class AnthropicRoute(APIRoute):
@@ -70,7 +56,7 @@ async def anthropic_error(request: Request, exc: Exception) -> Response | None:
     """The gateway's errors and request validation errors in Anthropic's format (None: another
     exception, for the app's handlers)."""
     if isinstance(exc, APIError):
-        return json_response(exc.status, error_body(exc.status, exc.message), headers=exc.headers)
+        return json_response(status_of(exc), anthropic_error_body(exc), headers=error_headers(exc))
     if isinstance(exc, ValidationError | RequestValidationError):
         # The OpenAI surfaces' message: the first problem, named by its field.
         return json_response(400, error_body(400, validation_message(exc)[0]))
@@ -80,9 +66,17 @@ async def anthropic_error(request: Request, exc: Exception) -> Response | None:
 router = APIRouter(route_class=AnthropicRoute)
 
 
-def turn_params(req: at.MessagesInput, event: str | None = None) -> ChatParams:
-    """The chat turn's parameters for an Anthropic request (validated as a chat request is)."""
-    params = chat_params(ChatCompletionRequest.model_validate(at.chat_request(req)), event=event)
+def turn_params(
+    req: at.MessagesInput, event: str | None = None, *, renderer: ChatRenderer | None = None
+) -> ChatParams:
+    """The chat turn's parameters for an Anthropic request (validated as a chat request is).
+
+    Mid-conversation system messages stay where they are if `renderer`'s template places them,
+    else they move into the adjacent user turn as Anthropic's fallback does (`mid_system.py`)."""
+    body = at.chat_request(req)
+    if renderer is not None and not places_mid_system(renderer):
+        body["messages"] = fold_mid_system(body["messages"])
+    params = chat_params(ChatCompletionRequest.model_validate(body), event=event)
     params.surface = "messages"
     return params
 
@@ -99,7 +93,10 @@ class AnthropicMessages(Surface[ChatParams]):
 
     def accept(self, request: Request, session: Session, body: dict[str, Any]) -> ChatParams:
         """The request validated and translated into the chat turn's parameters."""
-        return turn_params(at.MessagesRequest.model_validate(body), request.headers.get(EVENT_HEADER))
+        req = at.MessagesRequest.model_validate(body)
+        return turn_params(
+            req, request.headers.get(EVENT_HEADER), renderer=request.app.state.profile.renderer
+        )
 
     async def run(self, request: Request, session: Session, call: ChatParams) -> dict[str, Any]:
         """The Message."""
@@ -113,16 +110,15 @@ class AnthropicMessages(Surface[ChatParams]):
 
     def stream_error(self, call: ChatParams, exc: APIError) -> bytes:
         """Anthropic's error event."""
-        return named_event(error_body(exc.status, exc.message))
+        return named_event(anthropic_error_body(exc))
 
 
 async def count_tokens(request: Request) -> Response:
     """`count_tokens`: the length of the prompt the conversation renders to (the template's count)."""
     req = at.MessagesInput.model_validate(await parse_body(request))
-    params = turn_params(req)
-    ids = request.app.state.profile.renderer.render_prompt(
-        params.messages, params.tools, **params.template_kwargs
-    )
+    profile = request.app.state.profile
+    params = turn_params(req, renderer=profile.renderer)
+    ids = profile.renderer.render_prompt(params.messages, params.tools, **params.template_kwargs)
     return json_response(200, {"input_tokens": len(ids)})
 
 

@@ -12,7 +12,12 @@ Mapping choices (the template has no slot for them, so they are documented, not 
   model sees (agents put the error in it);
 - `thinking` sets the template's reasoning switch (`enable_thinking`); absent, the template's (or
   the gateway's) default stands; `budget_tokens` is not enforced (the template has no budget);
-- `cache_control`, `citations`, `metadata` and thinking `signature`s are accepted and ignored.
+- a `{"role": "system"}` message inside `messages` (Claude Code's mid-conversation system
+  turns) is a system chat message at its place; `output_config` and `clear_at` on it, and one
+  with no text, add nothing to the prompt. Whether the served template can place it there is
+  the surface's business (`mid_system.py`);
+- `cache_control`, `citations`, `metadata`, `output_config`, `context_management` and thinking
+  `signature`s are accepted and ignored (`thinking.type` "adaptive" turns reasoning on).
 
 This module knows nothing about HTTP, sessions or the engine.
 """
@@ -155,6 +160,23 @@ def _assistant(content: Any, i: int) -> dict[str, Any]:
     return msg
 
 
+def _system_turn(content: Any, i: int) -> str:
+    """The text of a mid-conversation system message ("" for none: Claude Code sends empty ones
+    that only carry `output_config`). Blocks other than text (tool additions) cannot be served:
+    the error code is the one Claude Code falls back on."""
+    if isinstance(content, list):
+        for j, block in enumerate(content):
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            if kind != "text":
+                raise InvalidRequest(
+                    f"messages[{i}].content[{j}]: {kind!r} blocks are not supported in a system message "
+                    "(text is)",
+                    param="messages",
+                    code="mid_conversation_tool_changes_not_supported",
+                )
+    return _text(content if content is not None else "", f"messages[{i}].content")
+
+
 def chat_messages(
     system: str | list[dict[str, Any]] | None, messages: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -168,8 +190,13 @@ def chat_messages(
             out.extend(_user(m.get("content"), i))
         elif role == "assistant":
             out.append(_assistant(m.get("content"), i))
+        elif role == "system":
+            if text := _system_turn(m.get("content"), i):
+                out.append({"role": "system", "content": text})
         else:
-            raise InvalidRequest(f"messages[{i}].role must be 'user' or 'assistant'", param="messages")
+            raise InvalidRequest(
+                f"messages[{i}].role must be 'user', 'assistant' or 'system'", param="messages"
+            )
     if messages[-1].get("role") == "assistant":
         raise InvalidRequest(
             "a final assistant message (prefill) is not supported: every turn starts a new assistant message",
@@ -270,8 +297,13 @@ def _usage(usage: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tool_input(arguments: str) -> Any:
-    # The output parser re-serializes every call's arguments with json.dumps: they parse.
-    return json.loads(arguments) if arguments else {}
+    # A call streamed as sampled keeps the model's arguments text, which may not parse (the
+    # sample's metadata flags it): `input` must be an object, so such a call gets an empty one.
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def message(completion: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlgw.gateway.engine_client.backend import GenerationResult
+from rlgw.gateway.engine_client.backend import GenerationResult, first_answer
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.ids import fresh_hex
 from rlgw.gateway.ledger.ledger import Violation
@@ -273,11 +273,12 @@ class Completions(Surface[CompletionCall]):
             detok = IncrementalDetokenizer(profile.tokenizer, skip_special_tokens=True)
             trim = StopTrimmer(call.stops)
             text = ""
+            updates = await first_answer(
+                state.backend.stream(plan.input_ids, sampling, rid=turn.rid, routing_key=session.id)
+            )
             yield call.doc(profile, {"index": 0, "text": "", "logprobs": None, "finish_reason": None})
             result: GenerationResult | None = None
-            async for update in state.backend.stream(
-                plan.input_ids, sampling, rid=turn.rid, routing_key=session.id
-            ):
+            async for update in updates:
                 piece = trim.feed(detok.feed(update.new_ids)) if update.new_ids else ""
                 if update.result is not None:
                     result = update.result

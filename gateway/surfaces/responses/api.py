@@ -46,6 +46,8 @@ def turn_params(req: rt.ResponsesRequest, items: list[dict[str, Any]], event: st
     """The chat turn's parameters for a Responses request over `items` (validated as chat is)."""
     params = chat_params(ChatCompletionRequest.model_validate(rt.chat_request(req, items)), event=event)
     params.surface = "responses"
+    if dropped := rt.hosted_tools(req.tools):
+        params.notes["dropped_tools"] = dropped
     return params
 
 

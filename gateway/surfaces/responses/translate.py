@@ -9,7 +9,7 @@ items are tool messages. The ChatCompletion of a turn becomes the Response's out
 Mapping choices: `instructions` is a system message in front of the conversation (per OpenAI,
 it is not carried over by `previous_response_id`); `reasoning.effort` "none" turns the
 template's reasoning switch off, any other effort turns it on; `usage.output_tokens_details`
-does not count reasoning tokens apart (0).
+counts the sampled reasoning tokens (streamed or not).
 
 This module knows nothing about HTTP, sessions or the engine.
 """
@@ -26,6 +26,20 @@ from rlgw.gateway.errors import InvalidRequest
 _ASSISTANT_ITEMS = frozenset({"reasoning", "function_call"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _INPUT_ROLES = {"user": "user", "system": "system", "developer": "system"}
+# Tools OpenAI's servers run themselves: nothing here can execute them, so they are left out.
+HOSTED_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_2025_08_26",
+        "web_search_preview_2025_03_11",
+        "file_search",
+        "code_interpreter",
+        "image_generation",
+        "mcp",
+        "tool_search",
+    }
+)
 
 
 class ResponsesRequest(BaseModel):
@@ -89,7 +103,8 @@ class _AssistantTurn:
         elif kind == "function_call":
             if not isinstance(item.get("call_id"), str) or not isinstance(item.get("name"), str):
                 raise InvalidRequest(f"{where}: a function_call needs call_id and name", param="input")
-            fn = {"name": item["name"], "arguments": item.get("arguments") or "{}"}
+            name = qualified(item.get("namespace"), item["name"])
+            fn = {"name": name, "arguments": item.get("arguments") or "{}"}
             self.calls.append({"id": item["call_id"], "type": "function", "function": fn})
         else:
             self.texts.append(_text(item.get("content"), f"{where}.content"))
@@ -140,20 +155,69 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list
     return out
 
 
-def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI chat function tools for Responses function tools."""
-    out = []
-    for i, t in enumerate(tools):
-        if t.get("type") != "function" or not isinstance(t.get("name"), str):
-            raise InvalidRequest(
-                f"tools[{i}]: only function tools are supported, not {t.get('type')!r}", param="tools"
-            )
-        fn: dict[str, Any] = {"name": t["name"]}
-        if t.get("description"):
-            fn["description"] = t["description"]
-        fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
-        out.append({"type": "function", "function": fn})
+def qualified(namespace: str | None, name: str) -> str:
+    """The name a function of a `namespace` tool has in the template's tool list."""
+    return f"{namespace}.{name}" if namespace else name
+
+
+def namespaced(tools: list[dict[str, Any]] | None) -> dict[str, tuple[str, str]]:
+    """Qualified name -> (namespace, name) for every function inside a `namespace` tool."""
+    out: dict[str, tuple[str, str]] = {}
+    for t in tools or []:
+        if t.get("type") == "namespace" and isinstance(t.get("name"), str):
+            for inner in t.get("tools") or []:
+                if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                    out[qualified(t["name"], inner["name"])] = (t["name"], inner["name"])
     return out
+
+
+def _function(t: dict[str, Any], name: str) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": name}
+    if t.get("description"):
+        fn["description"] = t["description"]
+    fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
+    return {"type": "function", "function": fn}
+
+
+def chat_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """OpenAI chat function tools for Responses tools, and the hosted tools left out.
+
+    Function tools pass as they are; the functions of a `namespace` tool (Codex groups its
+    sub-agent tools in one) join the list under their qualified name (`namespace.name`), and a
+    call to one goes back as a `function_call` naming its namespace. Hosted tools, which the
+    model's host would run (`web_search`, `file_search`, ...), are left out, so the model never
+    sees a tool no one can execute; tools the client would run in a shape the template cannot
+    express (`custom`, `local_shell`, `computer_use_preview`) are a 400.
+    """
+    out: list[dict[str, Any]] = []
+    dropped: list[str] = []
+    for i, t in enumerate(tools):
+        kind = t.get("type")
+        if kind == "function" and isinstance(t.get("name"), str):
+            out.append(_function(t, t["name"]))
+        elif kind == "namespace" and isinstance(t.get("name"), str):
+            for j, inner in enumerate(t.get("tools") or []):
+                if not isinstance(inner, dict) or inner.get("type", "function") != "function":
+                    got = inner.get("type") if isinstance(inner, dict) else type(inner).__name__
+                    raise InvalidRequest(
+                        f"tools[{i}].tools[{j}]: a namespace holds function tools only, not {got!r}",
+                        param="tools",
+                    )
+                out.append(_function(inner, qualified(t["name"], inner["name"])))
+        elif kind in HOSTED_TOOLS:
+            dropped.append(kind)
+        else:
+            raise InvalidRequest(
+                f"tools[{i}]: {kind!r} tools are not supported (function and namespace tools are; hosted "
+                f"tools {sorted(HOSTED_TOOLS)} are left out)",
+                param="tools",
+            )
+    return out, dropped
+
+
+def hosted_tools(tools: list[dict[str, Any]] | None) -> list[str]:
+    """The hosted tools of a request (left out of the template's tool list), by type."""
+    return [t["type"] for t in tools or [] if t.get("type") in HOSTED_TOOLS]
 
 
 def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
@@ -185,8 +249,8 @@ def chat_request(req: ResponsesRequest, items: list[dict[str, Any]]) -> dict[str
         "stream_options": {"include_usage": True},
         "chat_template_kwargs": _template_kwargs(req),
     }
-    if req.tools:
-        body["tools"] = chat_tools(req.tools)
+    if req.tools and (tools := chat_tools(req.tools)[0]):
+        body["tools"] = tools
     if req.tool_choice is not None:
         body["tool_choice"] = _tool_choice(req.tool_choice)
     for name in ("temperature", "top_p", "top_k"):
@@ -228,9 +292,17 @@ def message_item(rid: str, k: int, text: str, status: str = "completed") -> dict
     }
 
 
-def function_call_item(rid: str, k: int, call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    """A `function_call` output item; `call_id` is the id the gateway minted."""
-    return {
+def function_call_item(
+    rid: str,
+    k: int,
+    call_id: str,
+    name: str,
+    arguments: str,
+    spaces: dict[str, tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A `function_call` output item; `call_id` is the id the gateway minted. A function of a
+    `namespace` tool (`spaces`, from `namespaced`) is named by its namespace and its own name."""
+    item = {
         "type": "function_call",
         "id": _item_id("fc", rid, k),
         "call_id": call_id,
@@ -238,9 +310,14 @@ def function_call_item(rid: str, k: int, call_id: str, name: str, arguments: str
         "arguments": arguments,
         "status": "completed",
     }
+    if spaces and name in spaces:
+        item["namespace"], item["name"] = spaces[name]
+    return item
 
 
-def output_items(rid: str, msg: dict[str, Any]) -> list[dict[str, Any]]:
+def output_items(
+    rid: str, msg: dict[str, Any], spaces: dict[str, tuple[str, str]] | None = None
+) -> list[dict[str, Any]]:
     """The output items of an assistant chat message: reasoning, message, then function calls.
 
     A turn with no tool call always gets a message item (even empty), so that echoing the
@@ -254,7 +331,7 @@ def output_items(rid: str, msg: dict[str, Any]) -> list[dict[str, Any]]:
         items.append(message_item(rid, len(items), msg.get("content") or ""))
     for call in calls:
         fn = call["function"]
-        items.append(function_call_item(rid, len(items), call["id"], fn["name"], fn["arguments"]))
+        items.append(function_call_item(rid, len(items), call["id"], fn["name"], fn["arguments"], spaces))
     return items
 
 
@@ -266,7 +343,9 @@ def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
         # The engine's prefix cache has no separate write count.
         "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": chat_usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
+        },
         "total_tokens": chat_usage["total_tokens"],
     }
 
@@ -318,7 +397,8 @@ def response(req: ResponsesRequest, completion: dict[str, Any]) -> dict[str, Any
     rid = response_id(completion["id"])
     choice = completion["choices"][0]
     shell = response_shell(req, rid, completion["model"], completion["created"])
-    return finish(shell, output_items(rid, choice["message"]), choice["finish_reason"], completion["usage"])
+    output = output_items(rid, choice["message"], namespaced(req.tools))
+    return finish(shell, output, choice["finish_reason"], completion["usage"])
 
 
 class ResponseStream:
@@ -332,6 +412,7 @@ class ResponseStream:
 
     def __init__(self, req: ResponsesRequest) -> None:
         self._req = req
+        self._spaces = namespaced(req.tools)
         self._seq = 0
         self._shell: dict[str, Any] | None = None
         self._open: dict[str, Any] | None = None
@@ -360,7 +441,8 @@ class ResponseStream:
             fn = call.get("function") or {}
             if call.get("id"):
                 events += self._close()
-                item = function_call_item(self._rid, len(self.output), call["id"], fn.get("name") or "", "")
+                name = fn.get("name") or ""
+                item = function_call_item(self._rid, len(self.output), call["id"], name, "", self._spaces)
                 events += self._begin({**item, "status": "in_progress"})
             if args := fn.get("arguments"):
                 assert self._open is not None

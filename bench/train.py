@@ -41,8 +41,9 @@ def _step(model_dir: Path, rows: int, prompt: int, response: int, seed: int = 0)
         mask[0] = 1
         lps = np.where(mask == 1, -rng.random(response), 0.0).astype(np.float32)
         ids = rng.integers(0, min(vocab, 4000), prompt + response).astype(np.int32)
+        at_t1 = {"turn_temperature": [{"turn": 0, "temperature": 1.0}]}
         s = Sample(ids, response, mask, lps, float(k % 2), SampleStatus.COMPLETED, f"r{k}", k // 4,
-                   [VersionSpan("0", 0, response)])  # fmt: skip
+                   [VersionSpan("0", 0, response)], at_t1)  # fmt: skip
         rollouts.append(Rollout(f"r{k}", k // 4, float(k % 2), [s]))
     return build_step(rollouts, micro_batch_rows=8)
 

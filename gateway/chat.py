@@ -272,6 +272,7 @@ async def _commit(
     call_ids: list[str],
     response_id: str,
     overridden: dict[str, Any],
+    sampling: dict[str, Any],
 ) -> None:
     await commit(
         profile,
@@ -285,6 +286,7 @@ async def _commit(
         parse_errors=[{"kind": e.kind, "detail": e.detail, "raw": e.raw} for e in parsed.errors],
         overridden=overridden,
         end_of_turn_id=profile.renderer.end_of_turn_id,
+        sampling=sampling,
     )
 
 
@@ -333,7 +335,7 @@ async def run_chat(
         _check_calls(params, parsed)
         call_ids = [tool_call_id() for _ in parsed.tool_calls]
         response_id = "chatcmpl-" + fresh_hex()
-        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
+        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden, sampling)
     lps = (
         token_logprobs(profile, result.output_ids, result.logprobs, result.top_logprobs)
         if params.logprobs
@@ -380,7 +382,7 @@ async def stream_chat(
             raise RuntimeError("the engine stream ended without a result")
         parsed = decoder.parser.result()
         _check_calls(params, parsed)
-        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden)
+        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden, sampling)
     yield ChatTurn(response_id, created, parsed, call_ids, result, len(plan.input_ids), pending or None)
 
 

@@ -175,7 +175,12 @@ async def completion_turn(request: Request, session: Session) -> Response:
         }
 
     async def finish(
-        turn: Turn, plan: Plan, result: GenerationResult, text: str, overridden: dict[str, Any]
+        turn: Turn,
+        plan: Plan,
+        result: GenerationResult,
+        text: str,
+        overridden: dict[str, Any],
+        sampling: dict[str, Any],
     ) -> None:
         plan.agent_text += text
         await commit(
@@ -190,6 +195,7 @@ async def completion_turn(request: Request, session: Session) -> Response:
             parse_errors=[],
             overridden=overridden,
             end_of_turn_id=None,  # no chat template continues a completions series
+            sampling=sampling,
         )
 
     def usage(plan: Plan, result: GenerationResult) -> dict[str, int]:
@@ -222,7 +228,7 @@ async def completion_turn(request: Request, session: Session) -> Response:
                     yield doc({"index": 0, "text": piece, "logprobs": lp, "finish_reason": None})
             if result is None:
                 raise RuntimeError("the engine stream ended without a result")
-            await finish(turn, plan, result, text, overridden)
+            await finish(turn, plan, result, text, overridden, sampling)
         yield doc({"index": 0, "text": "", "logprobs": None, "finish_reason": _finish(result)})
         if (req.stream_options or {}).get("include_usage"):
             yield {**doc({}), "choices": [], "usage": usage(plan, result)}
@@ -239,7 +245,7 @@ async def completion_turn(request: Request, session: Session) -> Response:
             trim = StopTrimmer(stops)
             text = trim.feed(profile.tokenizer.decode(result.output_ids, skip_special_tokens=True))
             text += trim.close(result.finish_reason.get("matched"))
-            await finish(turn, plan, result, text, overridden)
+            await finish(turn, plan, result, text, overridden, sampling)
         choice = {
             "index": 0,
             "text": text,

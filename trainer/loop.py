@@ -258,6 +258,10 @@ class Loop:
             "reward_std": std,
             "losses": metrics,
             "kl": metrics.get("kl"),
+            # Trainer vs engine on the tokens trained (the weights that sampled them, before the step):
+            # 0 and 1 when the trainer's logprobs are the engine's.
+            "logprob_gap_max": metrics.get("logprob_gap_max"),
+            "is_ratio_mean": metrics.get("ratio_mean"),
             "seconds": {"rollout": t_rollout, "train": t_train, "sync": t_sync, "total": total},
             "share": {
                 k: (v / total if total else 0.0)

@@ -18,6 +18,7 @@ from rlgw.trainer.losses import Reduction
 from rlgw.trainer.objective import LossConfig
 from rlgw.trainer.rollouts import ChatRollouts, RolloutSource, ScaffoldRollouts, WordTask
 from rlgw.trainer.torch_trainer import OptimConfig
+from rlgw.trainer.tracking import Trackers, WandbSettings
 
 
 class _Strict(BaseModel):
@@ -90,6 +91,21 @@ class TeacherSpec(_Strict):
     top_k: int = Field(20, ge=0)
 
 
+class WandbSpec(_Strict):
+    """A Weights & Biases run for the receipts: offline by default (files under WORK_DIR/wandb)."""
+
+    project: str = "rlgw"
+    name: str | None = None
+    mode: Literal["offline", "online"] = "offline"
+
+
+class TrackingSpec(_Strict):
+    """Where receipts go besides receipts.jsonl: TensorBoard event files (WORK_DIR/tensorboard), W&B."""
+
+    tensorboard: bool = True
+    wandb: WandbSpec | None = None
+
+
 class TrainConfig(_Strict):
     """Everything one `rlgw train` run needs."""
 
@@ -114,6 +130,7 @@ class TrainConfig(_Strict):
     max_staleness: int | None = None  # default: 0 in sync mode, 1 in one-step-async
     sync: SyncSpec = Field(default_factory=SyncSpec)
     teacher: TeacherSpec | None = None
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
 
     @classmethod
     def from_file(cls, path: Path) -> TrainConfig:
@@ -140,6 +157,12 @@ class TrainConfig(_Strict):
     def acceptance_policy(self) -> AcceptancePolicy:
         """The per-status actions (defaults where unset)."""
         return AcceptancePolicy(**{k: Action(v) for k, v in self.acceptance.items()})
+
+    def trackers(self, config: dict[str, Any]) -> Trackers:
+        """The receipts' sinks (`config` is the resolved config, for W&B's run config)."""
+        t = self.tracking
+        wandb = WandbSettings(t.wandb.project, t.wandb.name, t.wandb.mode) if t.wandb else None
+        return Trackers(Path(self.work_dir), tensorboard=t.tensorboard, wandb=wandb, config=config)
 
     def rollout_source(self) -> RolloutSource:
         """The configured rollout source."""

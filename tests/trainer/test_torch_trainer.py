@@ -19,7 +19,7 @@ from rlgw.trainer.loop import _dump, load_dump
 from rlgw.trainer.objective import LossConfig, engine_logits, token_log_probs
 from rlgw.trainer.torch_trainer import OptimConfig, TorchTrainer
 from tests.support.procs import FIXTURES, REPO
-from tests.trainer.support import sampled_at
+from tests.trainer.support import sampled_at, tensorboard_scalars
 
 MODEL = FIXTURES / "tiny-qwen3"
 
@@ -88,6 +88,10 @@ def test_dump_and_replay_round_trip_through_json_lines(tmp_path: Path) -> None:
     (receipt,) = [json.loads(x) for x in (tmp_path / "work" / "receipts.jsonl").read_text().splitlines()]
     assert receipt["rollouts"] == 4 and receipt["reward_mean"] == 0.5 and receipt["published"] is None
     assert receipt["losses"]["grad_norm"] > 0 and receipt["trainable_tokens"] == 20
+    (line,) = proc.stdout.splitlines()[:-1]  # one line per iteration, then where the receipts are
+    assert line.startswith("it   0  reward 0.500") and "tokens 20" in line and "ratio " in line
+    scalars = tensorboard_scalars(tmp_path / "work" / "tensorboard")
+    assert scalars["reward/mean"] == [(0, 0.5)] and scalars["data/trainable_tokens"] == [(0, 20.0)]
 
 
 def test_a_bad_config_is_refused_with_the_reason(tmp_path: Path) -> None:

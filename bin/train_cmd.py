@@ -49,6 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--config", required=True, help="a JSON or TOML file (see rlgw.trainer.config.TrainConfig)"
     )
+    p.add_argument("--model", default=None, help="override the config's model (a HF checkpoint directory)")
     p.add_argument("--work-dir", default=None, help="override the config's work_dir")
     p.add_argument("--iterations", type=int, default=None, help="override the config's iterations")
     p.add_argument("--seed", type=int, default=None, help="override the config's seed")
@@ -73,7 +74,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = TrainConfig.from_file(Path(args.config))
-        overrides = {"work_dir": args.work_dir, "iterations": args.iterations, "seed": args.seed}
+        overrides = {
+            "model": args.model,
+            "work_dir": args.work_dir,
+            "iterations": args.iterations,
+            "seed": args.seed,
+        }
         cfg = cfg.model_copy(update={k: v for k, v in overrides.items() if v is not None})
         if args.lr is not None:
             cfg = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": args.lr})})

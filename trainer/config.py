@@ -17,6 +17,7 @@ from rlgw.trainer.consumer import AcceptancePolicy, Action
 from rlgw.trainer.losses import Reduction
 from rlgw.trainer.objective import LossConfig
 from rlgw.trainer.rollouts import ChatRollouts, RolloutSource, ScaffoldRollouts, WordTask
+from rlgw.trainer.tool_task import ToolRollouts
 from rlgw.trainer.torch_trainer import OptimConfig
 from rlgw.trainer.tracking import Trackers, WandbSettings
 
@@ -33,6 +34,16 @@ class ChatRolloutsSpec(_Strict):
     groups: int = Field(4, ge=1)
     group_size: int = Field(8, ge=2)
     max_tokens: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    concurrency: int = Field(16, ge=1)
+
+
+class ToolRolloutsSpec(_Strict):
+    """The built-in two-turn tool task (`rlgw.trainer.tool_task`): call `locate`, answer with its city."""
+
+    kind: Literal["tool"]
+    groups: int = Field(4, ge=1)
+    group_size: int = Field(8, ge=2)
     temperature: float = Field(1.0, gt=0)
     concurrency: int = Field(16, ge=1)
 
@@ -121,7 +132,7 @@ class TrainConfig(_Strict):
     gateway_url: str | None = None  # None: start `rlgw serve` with the embedded engine
     gateway_key: str | None = None
     engine_urls: list[str] = Field(default_factory=list)  # needed with gateway_url
-    rollouts: ChatRolloutsSpec | ScaffoldRolloutsSpec = Field(discriminator="kind")
+    rollouts: ChatRolloutsSpec | ToolRolloutsSpec | ScaffoldRolloutsSpec = Field(discriminator="kind")
     loss: LossSpec = Field(default_factory=LossSpec)
     optim: OptimSpec = Field(default_factory=OptimSpec)
     acceptance: dict[Literal["completed", "truncated", "aborted", "failed"], Action] = Field(
@@ -172,6 +183,8 @@ class TrainConfig(_Strict):
             return ChatRollouts(
                 tasks, r.groups, r.group_size, r.max_tokens, r.temperature, r.concurrency, self.seed
             )
+        if isinstance(r, ToolRolloutsSpec):
+            return ToolRollouts(r.groups, r.group_size, r.temperature, r.concurrency, self.seed)
         return ScaffoldRollouts(
             r.scaffold, r.tasks_file, r.groups, r.group_size, r.max_turns, r.concurrency, self.seed,
             r.scaffold_options, r.sampling,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlgw.gateway.client import GatewayClient
+from rlgw.gateway.trajectories.client import GatewayClient
 from rlgw.trainer.rollouts import CollectResult
 
 # Cities that are one token in the fixtures' tokenizers: a constrained answer is one sampled choice.

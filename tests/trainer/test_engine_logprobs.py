@@ -21,8 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlgw.gateway.client import GatewayClient, StoredTrajectory
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
+from rlgw.gateway.trajectories.client import GatewayClient, StoredTrajectory
 from rlgw.trainer.batch import TemperatureError, build_step, sample_temperature
 from rlgw.trainer.consumer import AcceptancePolicy, TrajectoryConsumer, to_rollouts
 from rlgw.trainer.objective import LossConfig

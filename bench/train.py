@@ -3,6 +3,7 @@
     python bench/train.py                      # both parts
     python bench/train.py --part trainer       # tokens/s only (tiny-qwen3 and tiny-chatml fixtures)
     python bench/train.py --part loop --iterations 6
+    python bench/train.py --part tool --png docs/tool-task-curves.png   # the tool task's curves, 3 seeds
 
 `trainer`: one optimizer step (forward, backward, AdamW) over `--rows` segments of `--prompt` +
 `--response` tokens (70% of the response trainable), after one warm-up step; tokens/s counts every
@@ -10,6 +11,8 @@ token the model runs on, trainable tokens/s only the masked-in ones. The peer is
 forward+backward of the same batch with a cross-entropy loss (what any trainer must pay at least).
 `loop`: `rlgw train` on trainer/configs/word-tiny.json (real gateway sessions, delta disk sync); the
 share of each iteration in rollout, train and sync, from its receipts.
+`tool`: `rlgw train` on trainer/configs/tool-tiny.json (the two-turn tool task) for each of `--seeds`:
+the mean reward per iteration and the run's wall time; `--png` also plots them (needs matplotlib).
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ def _step(model_dir: Path, rows: int, prompt: int, response: int, seed: int = 0)
         mask[0] = 1
         lps = np.where(mask == 1, -rng.random(response), 0.0).astype(np.float32)
         ids = rng.integers(0, min(vocab, 4000), prompt + response).astype(np.int32)
+        at_t1 = {"turn_temperature": [{"turn": 0, "temperature": 1.0}]}
         s = Sample(ids, response, mask, lps, float(k % 2), SampleStatus.COMPLETED, f"r{k}", k // 4,
-                   [VersionSpan("0", 0, response)])  # fmt: skip
+                   [VersionSpan("0", 0, response)], at_t1)  # fmt: skip
         rollouts.append(Rollout(f"r{k}", k // 4, float(k % 2), [s]))
     return build_step(rollouts, micro_batch_rows=8)
 
@@ -104,20 +108,55 @@ def bench_loop(args: argparse.Namespace) -> None:
         print(f"  mean after the first iteration: {part:8s} {secs:6.2f}s  {share:5.1%}")
 
 
+def bench_tool(args: argparse.Namespace) -> None:
+    curves: dict[int, list[float]] = {}
+    for seed in args.seeds:
+        with tempfile.TemporaryDirectory(prefix="rlgw-bench-tool-") as tmp:
+            cmd = [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "train", "--config",
+                   str(REPO / "trainer" / "configs" / "tool-tiny.json"), "--work-dir", tmp, "--seed",
+                   str(seed), "--no-progress"]  # fmt: skip
+            t0 = time.perf_counter()
+            subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
+            wall = time.perf_counter() - t0
+            receipts = [json.loads(x) for x in (Path(tmp) / "receipts.jsonl").read_text().splitlines()]
+        curves[seed] = [r["reward_mean"] for r in receipts]
+        print(f"seed {seed}: {wall:.0f}s wall (start-up included), mean reward per iteration: "
+              + " ".join(f"{x:.2f}" for x in curves[seed]))  # fmt: skip
+    if args.png:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        for seed, ys in curves.items():
+            ax.plot(range(len(ys)), ys, marker="o", label=f"seed {seed}")
+        ax.set(xlabel="iteration", ylabel="mean reward (32 sessions)", ylim=(-0.02, 1.02),
+               title="tool-tiny.json: call locate, answer with its city (tiny Qwen3, CPU)")  # fmt: skip
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.png)
+        print(f"wrote {args.png}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("trainer", "loop", "all"), default="all")
+    p.add_argument("--part", choices=("trainer", "loop", "tool", "all"), default="all")
     p.add_argument("--rows", type=int, default=32)
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--response", type=int, default=192)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--iterations", type=int, default=4)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--png", default=None, help="with --part tool: plot the curves to this file")
     args = p.parse_args()
     if args.part in ("trainer", "all"):
         bench_trainer(args)
     if args.part in ("loop", "all"):
         bench_loop(args)
+    if args.part == "tool":
+        bench_tool(args)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 import argparse
+import logging
+from pathlib import Path
 
 EXAMPLE = """example (learns to answer with a given word on the tiny fixture, CPU, about a minute):
   rlgw train --config trainer/configs/word-tiny.json
   rlgw train --config cfg.json --dump-rollouts dumps/     # also write each iteration's samples (JSON lines)
   rlgw train --config cfg.json --replay dumps/            # train on dumps only: no gateway, no engine
-Receipts (one JSON line per iteration) go to WORK_DIR/receipts.jsonl.
+Console: one line per iteration (reward, tokens, losses, served version, time split) and warnings.
+Receipts (one JSON line per iteration) go to WORK_DIR/receipts.jsonl and TensorBoard event files
+(WORK_DIR/tensorboard; `tensorboard --logdir WORK_DIR/tensorboard`); every log line to WORK_DIR/train.log.
 """
+
+
+def _to_console(record: logging.LogRecord) -> bool:
+    # The trainer's own lines and every warning; a line per HTTP request (the openai SDK's and
+    # httpx's loggers at INFO), per published version and so on would bury the iteration lines.
+    return record.name.startswith("rlgw.trainer") or record.levelno >= logging.WARNING
+
+
+def _route_logs(log_file: Path) -> None:
+    """Keep the console to `_to_console`'s lines; every record at the run's level also goes to `log_file`."""
+    from transformers.utils import logging as hf_logging
+
+    from rlgw.logs import JsonFormatter
+
+    root = logging.getLogger()
+    for handler in root.handlers:
+        handler.addFilter(_to_console)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(log_file)
+    to_file.setFormatter(JsonFormatter())
+    root.addHandler(to_file)
+    hf_logging.disable_progress_bar()  # "Loading weights" bars from each model load
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--config", required=True, help="a JSON or TOML file (see rlgw.trainer.config.TrainConfig)"
     )
+    p.add_argument("--model", default=None, help="override the config's model (a HF checkpoint directory)")
     p.add_argument("--work-dir", default=None, help="override the config's work_dir")
     p.add_argument("--iterations", type=int, default=None, help="override the config's iterations")
     p.add_argument("--seed", type=int, default=None, help="override the config's seed")
@@ -38,9 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load and check the config, run the loop, print where the receipts are."""
     import asyncio
-    import logging
     import sys
-    from pathlib import Path
 
     from pydantic import ValidationError
 
@@ -49,7 +74,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = TrainConfig.from_file(Path(args.config))
-        overrides = {"work_dir": args.work_dir, "iterations": args.iterations, "seed": args.seed}
+        overrides = {
+            "model": args.model,
+            "work_dir": args.work_dir,
+            "iterations": args.iterations,
+            "seed": args.seed,
+        }
         cfg = cfg.model_copy(update={k: v for k, v in overrides.items() if v is not None})
         if args.lr is not None:
             cfg = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": args.lr})})
@@ -63,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
         dump_dir=Path(args.dump_rollouts) if args.dump_rollouts else None,
         replay_dir=Path(args.replay) if args.replay else None,
     )
-    # One line per HTTP call to the gateway and engines would bury the per-iteration summaries.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    _route_logs(Path(cfg.work_dir) / "train.log")
     receipts = asyncio.run(loop.run())
     print(f"rlgw train: {len(receipts)} iteration(s); receipts in {loop.receipts_path}")
     return 0

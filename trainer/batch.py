@@ -4,7 +4,9 @@ A `Rollout` is one task run: its segments (samples sharing `rollout_id`), one re
 `build_step` assigns advantages (GRPO, per group), then packs every segment as one row into
 micro-batches. Every per-token tensor is aligned to `input_ids`: position p holds what concerns
 token p (its mask, its rollout logprob), which the model predicts from position p - 1; position 0
-and the prompt are never trainable. This module knows nothing about models or the gateway.
+and the prompt are never trainable. Each row carries the temperature its tokens were sampled at
+(`sample_temperature`), which the objective divides the logits by as the engine did. This module
+knows nothing about models or the gateway.
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlgw.engine.sampling import GREEDY_EPS
 from rlgw.gateway.sample import Sample
 from rlgw.trainer.losses import grpo_advantages
 from rlgw.trainer.rollout import Rollout
+
+
+class TemperatureError(ValueError):
+    """A sample's logprobs were taken at a temperature the trainer cannot reproduce (unknown or mixed)."""
 
 
 @dataclass(slots=True)
@@ -30,6 +37,7 @@ class MicroBatch:
     rollout_log_probs: Tensor  # float32, the engine's logprob of each token (0 elsewhere)
     advantages: Tensor  # float32 [rows]
     rollout_index: Tensor  # int64 [rows]: the row's rollout in the step
+    temperature: Tensor  # float32 [rows]: what the engine divided the row's logits by
     teacher_log_probs: Tensor | None = None  # float32, when every row has them
 
     @property
@@ -63,6 +71,28 @@ def assign_advantages(rollouts: list[Rollout], *, std_normalize: bool = True, ep
         r.advantage = float(a)
 
 
+def sample_temperature(sample: Sample) -> float:
+    """The temperature the engine's logprobs of `sample` were taken at (its turns' `turn_temperature`).
+
+    A greedy turn (temperature below the engine's 1e-6) has unscaled logprobs: temperature 1. A
+    segment whose turns ran at different temperatures is refused: a row is scaled by one
+    temperature, and the sample does not say which tokens each turn generated.
+    """
+    turns = sample.metadata.get("turn_temperature")
+    if not turns:
+        raise TemperatureError(
+            f"sample of rollout {sample.rollout_id!r} has no turn_temperature in its metadata, so the "
+            "temperature its logprobs were taken at is unknown (was it recorded by an older gateway?)"
+        )
+    temps = sorted({1.0 if t["temperature"] < GREEDY_EPS else float(t["temperature"]) for t in turns})
+    if len(temps) > 1:
+        raise TemperatureError(
+            f"sample of rollout {sample.rollout_id!r} mixes temperatures {temps} in one segment: its "
+            "logprobs cannot be reproduced with one temperature per row; sample a segment's turns at one"
+        )
+    return temps[0]
+
+
 def pack_rows(rows: list[tuple[Sample, float, int]], pad_id: int = 0) -> MicroBatch:
     """Pad segments (sample, advantage, rollout index) into one micro-batch."""
     width = max(len(s.tokens) for s, _, _ in rows)
@@ -88,6 +118,7 @@ def pack_rows(rows: list[tuple[Sample, float, int]], pad_id: int = 0) -> MicroBa
         rollout_log_probs=torch.from_numpy(lp),
         advantages=torch.tensor([a for _, a, _ in rows], dtype=torch.float32),
         rollout_index=torch.tensor([k for _, _, k in rows], dtype=torch.int64),
+        temperature=torch.tensor([sample_temperature(s) for s, _, _ in rows], dtype=torch.float32),
         teacher_log_probs=None if teacher is None else torch.from_numpy(teacher),
     )
 

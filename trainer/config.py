@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlgw.trainer.consumer import AcceptancePolicy, Action
 from rlgw.trainer.rollouts import ChatRollouts, RolloutSource, ScaffoldRollouts, WordTask
 from rlgw.trainer.settings import LossConfig, OptimConfig, Reduction
+from rlgw.trainer.tool_task import ToolRollouts
+from rlgw.trainer.tracking import Trackers, WandbSettings
 
 
 class _Strict(BaseModel):
@@ -30,6 +32,16 @@ class ChatRolloutsSpec(_Strict):
     groups: int = Field(4, ge=1)
     group_size: int = Field(8, ge=2)
     max_tokens: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    concurrency: int = Field(16, ge=1)
+
+
+class ToolRolloutsSpec(_Strict):
+    """The built-in two-turn tool task (`rlgw.trainer.tool_task`): call `locate`, answer with its city."""
+
+    kind: Literal["tool"]
+    groups: int = Field(4, ge=1)
+    group_size: int = Field(8, ge=2)
     temperature: float = Field(1.0, gt=0)
     concurrency: int = Field(16, ge=1)
 
@@ -90,6 +102,21 @@ class TeacherSpec(_Strict):
     top_k: int = Field(20, ge=0)
 
 
+class WandbSpec(_Strict):
+    """A Weights & Biases run for the receipts: offline by default (files under WORK_DIR/wandb)."""
+
+    project: str = "rlgw"
+    name: str | None = None
+    mode: Literal["offline", "online"] = "offline"
+
+
+class TrackingSpec(_Strict):
+    """Where receipts go besides receipts.jsonl: TensorBoard event files (WORK_DIR/tensorboard), W&B."""
+
+    tensorboard: bool = True
+    wandb: WandbSpec | None = None
+
+
 class TrainConfig(_Strict):
     """Everything one `rlgw train` run needs."""
 
@@ -105,7 +132,7 @@ class TrainConfig(_Strict):
     gateway_url: str | None = None  # None: start `rlgw serve` with the embedded engine
     gateway_key: str | None = None
     engine_urls: list[str] = Field(default_factory=list)  # needed with gateway_url
-    rollouts: ChatRolloutsSpec | ScaffoldRolloutsSpec = Field(discriminator="kind")
+    rollouts: ChatRolloutsSpec | ToolRolloutsSpec | ScaffoldRolloutsSpec = Field(discriminator="kind")
     loss: LossSpec = Field(default_factory=LossSpec)
     optim: OptimSpec = Field(default_factory=OptimSpec)
     acceptance: dict[Literal["completed", "truncated", "aborted", "failed"], Action] = Field(
@@ -114,6 +141,7 @@ class TrainConfig(_Strict):
     max_staleness: int | None = None  # default: 0 in sync mode, 1 in one-step-async
     sync: SyncSpec = Field(default_factory=SyncSpec)
     teacher: TeacherSpec | None = None
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
 
     @classmethod
     def from_file(cls, path: Path) -> TrainConfig:
@@ -141,6 +169,12 @@ class TrainConfig(_Strict):
         """The per-status actions (defaults where unset)."""
         return AcceptancePolicy(**{k: Action(v) for k, v in self.acceptance.items()})
 
+    def trackers(self, config: dict[str, Any]) -> Trackers:
+        """The receipts' sinks (`config` is the resolved config, for W&B's run config)."""
+        t = self.tracking
+        wandb = WandbSettings(t.wandb.project, t.wandb.name, t.wandb.mode) if t.wandb else None
+        return Trackers(Path(self.work_dir), tensorboard=t.tensorboard, wandb=wandb, config=config)
+
     def rollout_source(self) -> RolloutSource:
         """The configured rollout source."""
         r = self.rollouts
@@ -149,6 +183,8 @@ class TrainConfig(_Strict):
             return ChatRollouts(
                 tasks, r.groups, r.group_size, r.max_tokens, r.temperature, r.concurrency, self.seed
             )
+        if isinstance(r, ToolRolloutsSpec):
+            return ToolRollouts(r.groups, r.group_size, r.temperature, r.concurrency, self.seed)
         return ScaffoldRollouts(
             r.scaffold, r.tasks_file, r.groups, r.group_size, r.max_turns, r.concurrency, self.seed,
             r.scaffold_options, r.sampling,

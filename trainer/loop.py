@@ -39,6 +39,7 @@ from rlgw.trainer.config import TrainConfig
 from rlgw.trainer.consumer import TrajectoryConsumer, reward_stats, to_rollouts
 from rlgw.trainer.rollouts import CollectResult
 from rlgw.trainer.services import Services, local_services
+from rlgw.trainer.tracking import Trackers, summary_line
 
 
 def build_trainer(cfg: TrainConfig) -> Trainer:
@@ -154,6 +155,7 @@ class Loop:
         self.work.mkdir(parents=True, exist_ok=True)
         self.progress, self.dump_dir, self.replay_dir = progress, dump_dir, replay_dir
         self.teacher: Any = None
+        self.trackers: Trackers | None = None  # opened by run()
         self.receipts_path = self.work / "receipts.jsonl"
         resolved = cfg.model_dump(mode="json")
         self.resolved = resolved
@@ -165,8 +167,16 @@ class Loop:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         trainer = await asyncio.to_thread(build_trainer, cfg)
-        if self.replay_dir is not None:
-            return await self._replay(trainer)
+        self.trackers = trackers = cfg.trackers(self.resolved)
+        try:
+            if self.replay_dir is not None:
+                return await self._replay(trainer)
+            return await self._run(trainer)
+        finally:
+            trackers.close()
+
+    async def _run(self, trainer: Trainer) -> list[dict[str, Any]]:
+        cfg = self.cfg
         if self.dump_dir is not None:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
         async with _services(cfg, self.work) as svc, GatewayClient(svc.gateway_url, svc.gateway_key) as gw:
@@ -209,8 +219,8 @@ class Loop:
                     receipts.append(receipt)
                     self._write(receipt)
                     bar.update(1)
-                    bar.set_postfix_str(f"reward {_fmt(receipt['reward_mean'])} v{version}")
-                    bar.write(_summary_line(receipt))
+                    bar.set_postfix_str(f"v{version}")
+                    bar.write(summary_line(receipt))
             finally:
                 bar.close()
                 if pending is not None:
@@ -265,6 +275,10 @@ class Loop:
             "reward_std": std,
             "losses": metrics,
             "kl": metrics.get("kl"),
+            # Trainer vs engine on the tokens trained (the weights that sampled them, before the step):
+            # 0 and 1 when the trainer's logprobs are the engine's.
+            "logprob_gap_max": metrics.get("logprob_gap_max"),
+            "is_ratio_mean": metrics.get("ratio_mean"),
             "seconds": {"rollout": t_rollout, "train": t_train, "sync": t_sync, "total": total},
             "share": {
                 k: (v / total if total else 0.0)
@@ -294,25 +308,11 @@ class Loop:
             receipt["replayed_from"] = str(path)
             receipts.append(receipt)
             self._write(receipt)
-            tqdm.write(_summary_line(receipt))
+            tqdm.write(summary_line(receipt))
         return receipts
 
     def _write(self, receipt: dict[str, Any]) -> None:
         with open(self.receipts_path, "ab") as f:
             f.write(orjson.dumps(receipt) + b"\n")
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
-
-
-def _summary_line(r: dict[str, Any]) -> str:
-    pub = r["published"] or {}
-    served = ",".join(pub.get("served_versions") or []) or "-"
-    s = r["seconds"]
-    return (
-        f"it {r['iteration']:>3}  reward {_fmt(r['reward_mean'])}±{_fmt(r['reward_std'])}  "
-        f"rollouts {r['rollouts']}  tokens {r['trainable_tokens']}  "
-        f"grad {_fmt(r['losses'].get('grad_norm'))}  "
-        f"served v{served}  time rollout {s['rollout']:.1f}s train {s['train']:.1f}s sync {s['sync']:.1f}s"
-    )
+        if self.trackers is not None:
+            self.trackers.log(receipt)

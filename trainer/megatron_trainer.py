@@ -27,8 +27,8 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from rlgw.trainer.batch import MicroBatch, StepBatch
-from rlgw.trainer.objective import LossConfig, merge_metrics, micro_batch_loss
-from rlgw.trainer.torch_trainer import OptimConfig, checkpoint_tensor_names, optimizer_step
+from rlgw.trainer.objective import LossConfig, engine_logits, merge_metrics, micro_batch_loss, token_log_probs
+from rlgw.trainer.torch_trainer import OptimConfig, checkpoint_tensor_names, optimizer_step, sampled_vocab
 
 SUPPORTED = {"qwen3", "qwen2", "llama", "mistral"}
 
@@ -238,6 +238,7 @@ class MegatronTrainer:
             cpu_shims()
         init_parallel(tp, pp)
         self.hf = json.loads((self.model_dir / "config.json").read_text())
+        self.sampled_vocab = sampled_vocab(self.model_dir, self.hf["vocab_size"])
         self.model = build_gpt_model(self.hf, tp=tp, pp=pp, device=device)
         state: dict[str, Tensor] = {}
         for f in sorted(self.model_dir.glob("*.safetensors")):
@@ -261,13 +262,16 @@ class MegatronTrainer:
             raise ValueError(f"HF -> Megatron conversion: missing {missing}, unexpected {unexpected}")
 
     def logits(self, mb: MicroBatch) -> Tensor:
-        """[rows, tokens, vocab] logits of the micro-batch (causal attention; right padding is inert)."""
+        """[rows, tokens, vocab] logits of the micro-batch as the engine saw them (`engine_logits`).
+
+        Causal attention; right padding is inert.
+        """
         ids = mb.input_ids.to(self.device)
         n = ids.shape[1]
         pos = torch.arange(n, device=self.device)[None].expand_as(ids)
         # Megatron's convention: True = masked out. Given explicitly (its default mask is built on "cuda").
         causal = torch.triu(torch.ones(n, n, dtype=torch.bool, device=self.device), diagonal=1)[None, None]
-        return self.model(ids, pos, causal)
+        return engine_logits(self.model(ids, pos, causal), mb.temperature, self.sampled_vocab)
 
     def loss_and_backward(self, step: StepBatch) -> dict[str, float]:
         """Accumulate the step's gradients over its micro-batches; returns the metrics."""
@@ -276,8 +280,6 @@ class MegatronTrainer:
         tokens = step.rollout_tokens.to(self.device)
         for mb in step.micro_batches:
             if self.loss_cfg.old_log_probs == "recompute":
-                from rlgw.trainer.objective import token_log_probs
-
                 with torch.no_grad():
                     old = token_log_probs(self.logits(mb), mb.input_ids.to(self.device))
             loss, metrics = micro_batch_loss(self.logits(mb), mb, tokens, self.loss_cfg, old_log_probs=old)

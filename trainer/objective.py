@@ -16,6 +16,19 @@ from rlgw.trainer.batch import MicroBatch
 from rlgw.trainer.settings import LossConfig
 
 
+def engine_logits(logits: Tensor, temperature: Tensor, sampled_vocab: int) -> Tensor:
+    """The logits the engine's logprobs were taken from: `log_softmax` of this equals the engine's.
+
+    The embedded engine sets ids past the tokenizer's vocabulary (`sampled_vocab`; models pad theirs
+    beyond it) to -inf and divides each row by its sampling temperature (`temperature`, [rows]);
+    dropping those columns is the same distribution without -inf in the entropy.
+    """
+    out = logits[..., :sampled_vocab].float()
+    if bool((temperature == 1.0).all()):
+        return out
+    return out / temperature.to(out.device, out.dtype)[:, None, None]
+
+
 def token_log_probs(logits: Tensor, input_ids: Tensor) -> Tensor:
     """log pi(token p | tokens < p) at every position p >= 1, aligned to `input_ids` (0.0 at p = 0)."""
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)

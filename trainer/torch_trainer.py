@@ -17,7 +17,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from rlgw.trainer.batch import MicroBatch, StepBatch
-from rlgw.trainer.objective import LossConfig, merge_metrics, micro_batch_loss, token_log_probs
+from rlgw.trainer.objective import LossConfig, engine_logits, merge_metrics, micro_batch_loss, token_log_probs
 from rlgw.trainer.settings import OptimConfig
 
 _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
@@ -33,6 +33,13 @@ def checkpoint_tensor_names(model_dir: Path) -> dict[str, torch.dtype]:
     if not names:
         raise FileNotFoundError(f"{model_dir} holds no *.safetensors")
     return names
+
+
+def sampled_vocab(model_dir: Path, vocab_rows: int) -> int:
+    """How many ids the engine can sample: the tokenizer's, within the model's `vocab_rows` (runner.py)."""
+    from transformers import AutoTokenizer
+
+    return min(len(AutoTokenizer.from_pretrained(model_dir)), vocab_rows)
 
 
 class TorchTrainer:
@@ -67,12 +74,13 @@ class TorchTrainer:
         )
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.vocab_size = int(self.model.config.vocab_size)
+        self.sampled_vocab = sampled_vocab(self.model_dir, self.vocab_size)
 
     def logits(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> Tensor:
-        """The model's logits for the micro-batch, [rows, tokens, vocab]."""
+        """The micro-batch's logits as the engine saw them (`engine_logits`), [rows, tokens, vocab]."""
         m = model if model is not None else self.model
         out = m(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
-        return out.logits
+        return engine_logits(out.logits, mb.temperature, self.sampled_vocab)
 
     def _aux_log_probs(self, mb: MicroBatch) -> tuple[Tensor | None, Tensor | None]:
         cfg = self.loss_cfg
@@ -125,6 +133,7 @@ def _to(mb: MicroBatch, device: torch.device) -> MicroBatch:
         rollout_log_probs=mb.rollout_log_probs.to(device),
         advantages=mb.advantages.to(device),
         rollout_index=mb.rollout_index.to(device),
+        temperature=mb.temperature.to(device),
         teacher_log_probs=None if mb.teacher_log_probs is None else mb.teacher_log_probs.to(device),
     )
 

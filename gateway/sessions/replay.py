@@ -50,6 +50,8 @@ def apply_record(session: Session, record: dict[str, Any], *, committed_at: floa
             seg.note(key, value)
     if record.get("overridden"):
         seg.note("agent_sampling", {"turn": len(seg.turns), **record["overridden"]})
+    if record.get("temperature") is not None:
+        seg.note("turn_temperature", {"turn": len(seg.turns), "temperature": record["temperature"]})
     ledger.commit(
         TurnCommit(
             **{

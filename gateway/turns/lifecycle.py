@@ -289,6 +289,7 @@ async def commit(
     overridden: dict[str, Any],
     end_of_turn_id: int | None,
     notes: dict[str, list[Any]] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> None:
     """Journal the finished turn; it is applied (the plan's segment change and the generation)
     when it settles (`turn_scope`).
@@ -298,6 +299,7 @@ async def commit(
     `context_length_exceeded` (a refused request never does). The turn counts as closed only
     when its last sampled id is the template's end-of-turn token: a turn cut by length, a stop
     string or another EOS gets the template's closing in the next increment, as a full render has it.
+    `sampling` is what the engine ran with; its temperature goes to the sample's `turn_temperature`.
     """
     session = turn.session
     ledger = session.ledger
@@ -316,6 +318,9 @@ async def commit(
             echo_edits=plan.echo_edits,
             overridden=overridden,
             notes=notes or {},
+            # The temperature the engine sampled (and scaled the logprobs) at: a trainer divides its
+            # logits by it to compute the same logprobs (`turn_temperature` in the sample's metadata).
+            temperature=None if sampling is None else float(sampling.get("temperature", 1.0)),
             commit={
                 # Their digests, not the messages: all the ledger keeps of them (and a smaller row).
                 "new_messages": None,

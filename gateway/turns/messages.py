@@ -277,6 +277,7 @@ async def _commit(
     response_id: str,
     overridden: dict[str, Any],
     notes: dict[str, list[Any]],
+    sampling: dict[str, Any],
 ) -> None:
     await commit(
         profile,
@@ -291,6 +292,7 @@ async def _commit(
         overridden=overridden,
         notes=notes,
         end_of_turn_id=profile.renderer.end_of_turn_id,
+        sampling=sampling,
     )
 
 
@@ -339,7 +341,9 @@ async def run_chat(
         _check_calls(params, parsed)
         call_ids = [tool_call_id() for _ in parsed.tool_calls]
         response_id = "chatcmpl-" + fresh_hex()
-        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden, params.notes)
+        await _commit(
+            profile, turn, plan, result, parsed, call_ids, response_id, overridden, params.notes, sampling
+        )
     lps = (
         token_logprobs(profile, result.output_ids, result.logprobs, result.top_logprobs)
         if params.logprobs
@@ -394,7 +398,9 @@ async def stream_chat(
         # A call cut inside its arguments was started in the stream but is no call (content).
         del call_ids[len(parsed.tool_calls) :]
         _check_calls(params, parsed)
-        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden, params.notes)
+        await _commit(
+            profile, turn, plan, result, parsed, call_ids, response_id, overridden, params.notes, sampling
+        )
     yield ChatTurn(response_id, created, parsed, call_ids, result, len(plan.input_ids), pending or None)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.procs import REPO
+from tests.trainer.support import tensorboard_scalars
 
 CONFIG = REPO / "trainer" / "configs" / "word-tiny.json"
 LEARNING_ITERATIONS = 16
@@ -140,3 +141,23 @@ def test_teacher_capture_feeds_the_k3_loss(tmp_path: Path) -> None:
     (r,) = [json.loads(x) for x in (tmp_path / "work" / "receipts.jsonl").read_text().splitlines()]
     assert r["kl"] is not None and 0.0 <= r["kl"] < 1e-4, r["losses"]
     assert r["published"]["served_versions"] == ["1"]
+
+
+@pytest.mark.slow
+def test_the_console_shows_one_line_per_iteration_and_no_line_per_request(tmp_path: Path) -> None:
+    """At the default log level: the iteration lines and nothing per HTTP request; receipts in TensorBoard."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlgw.bin.main", "train", "--config", str(CONFIG), "--work-dir", str(tmp_path),
+         "--iterations", "2", "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    console = (proc.stdout + proc.stderr).splitlines()
+    assert [line[:6] for line in console if line.startswith("it ")] == ["it   0", "it   1"], console
+    assert len(console) == 3 and console[-1].startswith("rlgw train: 2 iteration(s)"), console
+    log = (tmp_path / "train.log").read_text()  # the rest, at the run's level, is kept in the work dir
+    assert "HTTP Request" in log and "published weights" in log
+    receipts = [json.loads(x) for x in (tmp_path / "receipts.jsonl").read_text().splitlines()]
+    scalars = tensorboard_scalars(tmp_path / "tensorboard")
+    assert scalars["reward/mean"] == [(r["iteration"], pytest.approx(r["reward_mean"])) for r in receipts]
+    assert [v for _, v in scalars["sync/version"]] == [1.0, 2.0]

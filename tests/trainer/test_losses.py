@@ -13,6 +13,7 @@ from rlgw.trainer import losses
 from rlgw.trainer.batch import Rollout, build_step
 from rlgw.trainer.losses import Reduction
 from rlgw.trainer.objective import LossConfig, micro_batch_loss, token_log_probs
+from tests.trainer.support import sampled_at
 
 
 def test_grpo_advantages_group_mean_unbiased_std_and_mean_only() -> None:
@@ -101,6 +102,7 @@ def _sample(tokens: list[int], prompt: int, mask: list[int], lps: list[float], r
         rollout_id=rid,
         group_index=0,
         weight_versions=[VersionSpan("1", 0, n)],
+        metadata=sampled_at(),
     )
 
 

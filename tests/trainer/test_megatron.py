@@ -16,6 +16,7 @@ from rlgw.trainer.batch import Rollout, build_step
 from rlgw.trainer.objective import LossConfig
 from rlgw.trainer.torch_trainer import OptimConfig, TorchTrainer
 from tests.support.procs import FIXTURES
+from tests.trainer.support import sampled_at
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
@@ -51,7 +52,7 @@ def batch(seed: int = 0):
             ids = np.asarray(tokens[: prompt + b], np.int32)
             done = SampleStatus.COMPLETED
             segs.append(Sample(ids, n, mask[a:b].copy(), lps[a:b].copy(), float(k % 2), done, f"r{k}", 0,
-                               [VersionSpan("0", 0, n)]))  # fmt: skip
+                               [VersionSpan("0", 0, n)], sampled_at()))  # fmt: skip
             segs[-1].loss_mask[0] = 1
         rollouts.append(Rollout(f"r{k}", 0, float(k % 2), segs))
     return build_step(rollouts, micro_batch_rows=2)

@@ -16,9 +16,10 @@ from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
 from rlgw.gateway.trajectories.client import StoredTrajectory
 from rlgw.trainer.batch import Rollout, build_step
 from rlgw.trainer.loop import _dump, load_dump
-from rlgw.trainer.objective import LossConfig, token_log_probs
+from rlgw.trainer.objective import LossConfig, engine_logits, token_log_probs
 from rlgw.trainer.torch_trainer import OptimConfig, TorchTrainer
 from tests.support.procs import FIXTURES, REPO
+from tests.trainer.support import sampled_at, tensorboard_scalars
 
 MODEL = FIXTURES / "tiny-qwen3"
 
@@ -28,13 +29,14 @@ def sample(
 ) -> Sample:
     n = len(tokens) - prompt
     return Sample(np.asarray(tokens, np.int32), n, np.ones(n, np.uint8), np.asarray(lps, np.float32), reward,
-                  SampleStatus.COMPLETED, rollout, group, [VersionSpan("0", 0, n)])  # fmt: skip
+                  SampleStatus.COMPLETED, rollout, group, [VersionSpan("0", 0, n)], sampled_at())  # fmt: skip
 
 
 def on_policy(trainer: TorchTrainer, tokens: list[int], prompt: int, reward: float, rollout: str) -> Sample:
     ids = torch.tensor([tokens])
     with torch.no_grad():
-        lp = token_log_probs(trainer.model(ids).logits, ids)[0, prompt:].tolist()
+        logits = engine_logits(trainer.model(ids).logits, torch.ones(1), trainer.sampled_vocab)
+        lp = token_log_probs(logits, ids)[0, prompt:].tolist()
     return sample(tokens, prompt, reward, rollout, 0, lp)
 
 
@@ -86,6 +88,10 @@ def test_dump_and_replay_round_trip_through_json_lines(tmp_path: Path) -> None:
     (receipt,) = [json.loads(x) for x in (tmp_path / "work" / "receipts.jsonl").read_text().splitlines()]
     assert receipt["rollouts"] == 4 and receipt["reward_mean"] == 0.5 and receipt["published"] is None
     assert receipt["losses"]["grad_norm"] > 0 and receipt["trainable_tokens"] == 20
+    (line,) = proc.stdout.splitlines()[:-1]  # one line per iteration, then where the receipts are
+    assert line.startswith("it   0  reward 0.500") and "tokens 20" in line and "ratio " in line
+    scalars = tensorboard_scalars(tmp_path / "work" / "tensorboard")
+    assert scalars["reward/mean"] == [(0, 0.5)] and scalars["data/trainable_tokens"] == [(0, 20.0)]
 
 
 def test_a_bad_config_is_refused_with_the_reason(tmp_path: Path) -> None:

@@ -197,6 +197,7 @@ class CompletionCall:
         result: GenerationResult,
         text: str,
         overridden: dict[str, Any],
+        sampling: dict[str, Any],
     ) -> None:
         """Commit the turn: the prompt's extension and the sampled ids."""
         plan.agent_text += text
@@ -212,6 +213,7 @@ class CompletionCall:
             parse_errors=[],
             overridden=overridden,
             end_of_turn_id=None,  # no chat template continues a completions series
+            sampling=sampling,
         )
 
 
@@ -248,7 +250,7 @@ class Completions(Surface[CompletionCall]):
             trim = StopTrimmer(call.stops)
             text = trim.feed(profile.tokenizer.decode(result.output_ids, skip_special_tokens=True))
             text += trim.close(result.finish_reason.get("matched"))
-            await call.finish(profile, turn, plan, result, text, overridden)
+            await call.finish(profile, turn, plan, result, text, overridden, sampling)
         choice = {
             "index": 0,
             "text": text,
@@ -293,7 +295,7 @@ class Completions(Surface[CompletionCall]):
                     )
             if result is None:
                 raise RuntimeError("the engine stream ended without a result")
-            await call.finish(profile, turn, plan, result, text, overridden)
+            await call.finish(profile, turn, plan, result, text, overridden, sampling)
         yield call.doc(profile, {"index": 0, "text": "", "logprobs": None, "finish_reason": _finish(result)})
         if (req.stream_options or {}).get("include_usage"):
             yield {**call.doc(profile, {}), "choices": [], "usage": _usage(plan, result)}

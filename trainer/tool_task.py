@@ -1,0 +1,179 @@
+"""The built-in agentic task: call a tool, read its result, answer with what only the result says.
+
+Each attempt is one gateway session with two chat turns (the `openai` SDK, `tools=[locate]`):
+1. "Where is the parcel? ..." -> the model calls `locate` (or answers at once);
+2. if it called, the agent runs the tool (its result: a city drawn at random for this attempt,
+   "Cairo") and sends it as a `tool` message (mask 0 in the sample) -> the model answers.
+The verifier pays 1 when the model called `locate` and its answer is the tool's city, else 0: a
+model that answers without calling, or ignores the result, is right by chance only (1 in 8).
+
+A tiny random model cannot write a tool call's JSON by chance, so `warm_start` first teaches the
+format by supervised steps (call `locate`; after its result, answer with a city drawn independently
+of it): what RL must then learn is to read the result. Sampling is unconstrained, so the trainer's
+logprobs are the engine's on every token. This module owns the task, its reward and its warm start,
+not the recording (the gateway's) or training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlgw.gateway.trajectories.client import GatewayClient
+from rlgw.trainer.rollouts import CollectResult
+
+# Cities that are one token in the fixtures' tokenizers: a constrained answer is one sampled choice.
+CITIES = ("Athens", "Berlin", "Boston", "Cairo", "Delhi", "Dubai", "Dublin", "Geneva")
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "locate",
+        "description": "Where the parcel is now.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+PROMPT = "Where is the parcel now? Call locate to find out, then answer with the city only."
+
+
+def tool_reward(called: bool, answer: str | None, city: str) -> float:
+    """1.0 if the model called the tool and the answer's first word is the tool's city, else 0.0."""
+    if not called or not answer:
+        return 0.0
+    m = re.match(r"\W*(\w+)", answer)
+    return 1.0 if m is not None and m.group(1) == city else 0.0
+
+
+@dataclass(slots=True)
+class ToolRollouts:
+    """`groups` GRPO groups of `group_size` attempts per iteration, each attempt a two-turn tool session."""
+
+    groups: int = 4
+    group_size: int = 8
+    temperature: float = 1.0
+    concurrency: int = 16
+    seed: int = 0
+    chat_template_kwargs: dict[str, Any] = field(default_factory=lambda: {"enable_thinking": False})
+
+    async def collect(self, gateway_url: str, gateway_key: str | None, iteration: int) -> CollectResult:
+        """Run every attempt of this iteration; each session is finished with its verified reward."""
+        import openai
+
+        rng = random.Random(self.seed * 1_000_003 + iteration)
+        cities = [[rng.choice(CITIES) for _ in range(self.group_size)] for _ in range(self.groups)]
+        gate = asyncio.Semaphore(self.concurrency)
+        result = CollectResult()
+        sdk = openai.AsyncOpenAI(base_url=gateway_url, api_key=gateway_key or "unused", max_retries=0)
+        async with sdk, GatewayClient(gateway_url, gateway_key) as gw:
+
+            async def attempt(group: int, k: int, city: str) -> None:
+                async with gate:
+                    s = await gw.create_session(
+                        "tool-locate",
+                        rollout_id=f"it{iteration}-g{group}-a{k}",
+                        group_index=iteration * self.groups + group,
+                        sampling={"temperature": self.temperature, "top_p": 1.0, "top_k": -1},
+                        metadata={"iteration": iteration, "city": city},
+                    )
+                    agent = sdk.with_options(base_url=s.base_url, api_key=s.api_key)
+                    try:
+                        reward = await self._episode(agent, city)
+                        summary = await gw.finish_session(s.session_id, reward=reward)
+                    except Exception:
+                        result.failed_runs += 1
+                        await gw.finish_session(s.session_id, reward=0.0, status="failed")
+                        return
+                    result.rewards.append(reward)
+                    result.cursors += [x.cursor for x in summary.samples]
+                    result.rejected_segments += len(summary.rejects)
+
+            await asyncio.gather(
+                *(attempt(g, k, c) for g, row in enumerate(cities) for k, c in enumerate(row))
+            )
+        return result
+
+    async def _episode(self, agent: Any, city: str) -> float:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": PROMPT}]
+        extra = {"chat_template_kwargs": self.chat_template_kwargs}
+        first = await agent.chat.completions.create(
+            model="policy", messages=messages, tools=[TOOL], max_tokens=24, extra_body=extra
+        )
+        msg = first.choices[0].message
+        calls = [c for c in msg.tool_calls or [] if c.function.name == "locate"]
+        if not calls:
+            return tool_reward(False, msg.content, city)
+        messages.append(msg.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": city})
+        second = await agent.chat.completions.create(
+            model="policy", messages=messages, tools=[TOOL], max_tokens=4, extra_body=extra
+        )
+        return tool_reward(True, second.choices[0].message.content, city)
+
+
+def _warm_start_rows(tokenizer: Any, rng: random.Random) -> list[tuple[list[int], int]]:
+    """One (ids, completion start) per turn of a made-up episode, rendered as the gateway renders it."""
+    kw = {"tools": [TOOL], "add_generation_prompt": True, "enable_thinking": False, "tokenize": False}
+    call = '<tool_call>\n{"name": "locate", "arguments": {}}\n</tool_call>'
+    user = [{"role": "user", "content": PROMPT}]
+    called = [*user, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "locate", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "call_0", "content": rng.choice(CITIES)}]  # fmt: skip
+    rows = []
+    # the answer is drawn apart from the tool's city: the format is taught, not the reading
+    for messages, completion in ((user, call), (called, rng.choice(CITIES))):
+        prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, **kw), add_special_tokens=False)
+        target = tokenizer.encode(completion + "<|im_end|>", add_special_tokens=False)
+        rows.append((prompt + target, len(prompt)))
+    return rows
+
+
+def warm_start(
+    src: Path, dst: Path, *, steps: int = 150, batch: int = 16, lr: float = 3e-3, seed: int = 0
+) -> Path:
+    """Copy the checkpoint at `src` to `dst`, taught the task's format by `steps` supervised steps."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        rows = [r for _ in range(batch // 2) for r in _warm_start_rows(tokenizer, rng)]
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.full((len(rows), width), int(tokenizer.pad_token_id or 0))
+        labels = torch.full((len(rows), width), -100)
+        for i, (row, start) in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+            labels[i, start : len(row)] = torch.tensor(row[start:])
+        loss = model(input_ids=ids, labels=labels).loss  # right padding: causal, and never a label
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    model.save_pretrained(dst)
+    return dst
+
+
+def main() -> None:
+    """`python -m rlgw.trainer.tool_task SRC DST`: write the warm-started checkpoint the config trains."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="warm-start a checkpoint for trainer/configs/tool-tiny.json")
+    p.add_argument("src", type=Path, help="a HF checkpoint directory (e.g. tests/fixtures/tiny-qwen3)")
+    p.add_argument("dst", type=Path, help="where to write the warm-started copy (e.g. rlgw-tool-model)")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    print(f"wrote {warm_start(args.src, args.dst, steps=args.steps, seed=args.seed)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 
 SYNC_INTERVAL_S = 2.0
+# SQLite's INTEGER is 64-bit signed: a larger limit would fail the store's write (a 500), not the request.
+MAX_LIMIT = 2**63 - 1
 
 
 class LimitsBody(BaseModel):
@@ -35,9 +37,9 @@ class LimitsBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    open_sessions: int | None = Field(None, ge=0)
-    in_flight: int | None = Field(None, ge=0)
-    tokens_per_minute: int | None = Field(None, ge=0)
+    open_sessions: int | None = Field(None, ge=0, le=MAX_LIMIT)
+    in_flight: int | None = Field(None, ge=0, le=MAX_LIMIT)
+    tokens_per_minute: int | None = Field(None, ge=0, le=MAX_LIMIT)
 
 
 class TenantCreate(BaseModel):

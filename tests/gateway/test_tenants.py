@@ -126,6 +126,18 @@ def test_admin_api_needs_the_admin_key(gw: Gateway) -> None:
     assert httpx.post(gw.url + "/admin/tenants", json={"name": "no spaces"}, headers=ADMIN).status_code == 400
 
 
+def test_a_limit_past_sqlites_integer_is_a_400_and_changes_nothing(gw: Gateway) -> None:
+    _add(gw, "bounded", in_flight=4)
+    huge = {"in_flight": 2**63}  # one past SQLite's INTEGER: the store's write would raise (a 500)
+    r = httpx.put(gw.url + "/admin/tenants/bounded/limits", json=huge, headers=ADMIN)
+    assert r.status_code == 400, r.text
+    r = httpx.post(gw.url + "/admin/tenants", json={"name": "too-big", "limits": huge}, headers=ADMIN)
+    assert r.status_code == 400, r.text
+    listed = httpx.get(gw.url + "/admin/tenants", headers=ADMIN).json()["data"]
+    assert {t["name"]: t["limits"]["in_flight"] for t in listed}.get("bounded") == 4
+    assert "too-big" not in {t["name"] for t in listed}
+
+
 def test_added_tenant_works_at_once_and_revoked_stops_at_once(gw: Gateway) -> None:
     key = _add(gw, "team-new", open_sessions=7)
     s = _session(gw, key)

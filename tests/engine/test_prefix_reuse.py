@@ -1,13 +1,16 @@
 """The prefix cache inside the engine: a growing agent loop gives the same ids and logprobs with the
 cache as without it (tiny Qwen3 fixture and a tiny Llama, the architecture SmolLM2 uses), and every
 invalidation holds: weight updates (also one that lands while a request is paused in place), flush,
-abort, divergence, and LRU eviction under a tiny `--cache-mib` over real HTTP."""
+abort, divergence, and LRU eviction under a tiny `--cache-mib` over real HTTP; the flag on `rlgw engine`
+and `rlgw serve`."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from rlgw.engine.core import Engine, EngineConfig
 from rlgw.engine.request import Request
 from rlgw.engine.sampling import parse_sampling_params
 from tests.engine.conftest import run_requests
-from tests.support.procs import FIXTURES, engine_server
+from tests.support.procs import FIXTURES, engine_server, free_port, rlgw_process
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 SEEDED = {"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 11, "ignore_eos": True}
@@ -70,8 +73,8 @@ def engines(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     off.shutdown()
 
 
-def tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(LOW, HIGH) for _ in range(n)]
+def tokens(rng: random.Random, n: int, high: int = HIGH) -> list[int]:
+    return [rng.randrange(LOW, high) for _ in range(n)]
 
 
 def close(a: float, b: float) -> bool:
@@ -90,14 +93,15 @@ def assert_same(cached: Request, plain: Request) -> None:
         assert close(a, b)
 
 
-async def test_agent_loop_is_identical_with_and_without_the_cache(engines) -> None:
-    on, off = engines
+async def check_agent_loop(on: Engine, off: Engine, turns: int, start: tuple[int, int], vocab: int) -> None:
+    """Two sessions grow turn by turn on both engines: same ids and logprobs, and each turn with the
+    cache reuses exactly the previous turn's KV."""
     on.flush_cache()
     rng = random.Random(0)
     # Two sessions of different lengths decode together: their KV comes out of a left-padded batch.
-    histories = [tokens(rng, 150), tokens(rng, 90)]
+    histories = [tokens(rng, n, vocab) for n in start]
     kept = [0, 0]
-    for turn in range(4):
+    for turn in range(turns):
         got = {}
         for name, engine in (("on", on), ("off", off)):
             runs = [run_requests(engine, h, [GREEDY, SEEDED], return_logprob=True) for h in histories]
@@ -110,8 +114,29 @@ async def test_agent_loop_is_identical_with_and_without_the_cache(engines) -> No
             assert [c.cached_tokens for c in cached] == [kept[s]] * 2
             greedy_req = cached[0]
             kept[s] = len(greedy_req.input_ids) + len(greedy_req.output_ids) - 1
-            histories[s] = histories[s] + greedy_req.output_ids + tokens(rng, 40 + 20 * turn)
-        assert turn == 0 or all(k > 0 for k in kept)
+            histories[s] = histories[s] + greedy_req.output_ids + tokens(rng, 40 + 20 * turn, vocab)
+
+
+async def test_agent_loop_is_identical_with_and_without_the_cache(engines) -> None:
+    await check_agent_loop(*engines, turns=4, start=(150, 90), vocab=HIGH)
+
+
+@pytest.mark.slow
+@pytest.mark.smollm2
+async def test_agent_loop_on_smollm2_is_identical_with_and_without_the_cache() -> None:
+    from rlgw.engine.models import ModelResolutionError, resolve_model
+
+    try:
+        path = resolve_model("smollm2")
+    except ModelResolutionError as exc:
+        pytest.skip(str(exc))
+    on = Engine(path, EngineConfig(max_running=8, chunked_prefill_size=128))
+    off = Engine(path, EngineConfig(max_running=8, chunked_prefill_size=128, cache_mib=0))
+    try:
+        await check_agent_loop(on, off, turns=3, start=(300, 200), vocab=49000)
+    finally:
+        on.shutdown()
+        off.shutdown()
 
 
 async def test_prompt_logprobs_are_computed_not_reused(engines) -> None:
@@ -257,3 +282,29 @@ def test_eviction_under_a_tiny_cache_mib_over_http() -> None:
         assert stats["evicted_tokens"] > 0
         assert cached(sessions[1] + [LOW]) == 0
         assert cached(sessions[2] + [LOW]) == 900
+
+
+def test_cache_mib_reaches_the_engine_rlgw_serve_embeds(tmp_path: Path) -> None:
+    port, engine_port = free_port(), free_port()
+    args = ["serve", "--model", str(FIXTURES / "tiny-qwen3"), "--port", str(port)]
+    args += ["--engine-port", str(engine_port), "--cache-mib", "3", "--data-dir", str(tmp_path)]
+    with rlgw_process(args, "/health", port):
+        stats = httpx.get(f"http://127.0.0.1:{engine_port}/server_info").json()["prefix_cache"]
+    assert stats["max_bytes"] == 3 << 20
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["engine", "--model", "x", "--cache-mib", "-1"], "--cache-mib must be at least 0"),
+        (["serve", "--engine-url", "http://127.0.0.1:9", "--cache-mib", "8"], "not with --engine-url"),
+    ],
+)
+def test_a_bad_cache_mib_is_refused_before_anything_loads(args: list[str], message: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "rlgw.bin.main", *args, "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0 and message in out.stderr

@@ -7,7 +7,7 @@ version, applies the deltas in order, and only then renames the finished directo
 The committed local versions are never modified, so a crash at any point leaves the previous version
 intact and a retry starts over cleanly; a version already committed is a no-op (an XOR is never
 applied twice). Pulls into one local directory are serialized by a lock file. Reloading the engine is
-the caller's job (`rlgw.engine.weight_sync_routes`).
+the caller's job (`rlgw.sync.engine_routes`).
 """
 
 from __future__ import annotations

@@ -284,6 +284,7 @@ def test_eviction_under_a_tiny_cache_mib_over_http() -> None:
         assert cached(sessions[2] + [LOW]) == 900
 
 
+@pytest.mark.slow  # starts the gateway and its engine: about 15 s on an idle 2-core box
 def test_cache_mib_reaches_the_engine_rlgw_serve_embeds(tmp_path: Path) -> None:
     port, engine_port = free_port(), free_port()
     args = ["serve", "--model", str(FIXTURES / "tiny-qwen3"), "--port", str(port)]

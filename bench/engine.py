@@ -9,20 +9,32 @@ For each model (the tiny Qwen3 fixture, then SmolLM2-135M-Instruct when `llm-smo
   xgrammar's cost per step.
 Prints tokens/s and the ratios to `generate` (goals: >= 1.0x at one request, >= 3x aggregate at 8).
 
-    python bench/engine.py [--threads 1] [--new-tokens 64] [--rounds 3] [--skip-smollm2]
+Then a growing agent loop per model (`--turns` 40, `--added` 200 tokens a turn: the turn's own
+`--loop-new-tokens` sampled ids, then tool output, up to 8k tokens of history), streamed over HTTP to
+an engine with the prefix cache on: the time to the first token is the turn's prefill. At 1k, 4k and
+8k of history it prints the median prefill of the 3 nearest turns, the prefill of the same input on
+an engine started with `--cache-mib 0` (one run each: at 8k it is the expensive one), and the hit
+rate (cached tokens / prompt tokens over the loop). Goals: with the cache, 8k within 1.5x of 1k,
+and at least 5x faster than without it at 8k on SmolLM2.
+
+    python -m bench.engine [--threads 1] [--new-tokens 64] [--rounds 3] [--skip-smollm2]
+                             [--skip-throughput] [--skip-loop] [--turns 40] [--added 200]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -111,6 +123,108 @@ def bench_model(name: str, path: Path, args: argparse.Namespace) -> dict[str, fl
     return r
 
 
+# History lengths the loop reports at, and the turns around each that it takes the median of.
+LOOP_POINTS = (1000, 4000, 8000)
+NEAREST = 3
+
+
+@dataclass(slots=True)
+class Turn:
+    """One timed agent-loop turn."""
+
+    ids: list[int]
+    cached: int
+    prefill: float  # seconds to the first streamed token
+    total: float
+
+
+async def timed_turn(client: httpx.AsyncClient, ids: list[int], new_tokens: int) -> tuple[Turn, list[int]]:
+    """Stream one greedy request; the first chunk arrives once the prefill (and first sample) is done.
+    Returns the timed turn and its sampled ids."""
+    body = {
+        "input_ids": ids,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True},
+    }
+    t0 = time.perf_counter()
+    first, last = None, None
+    async with client.stream("POST", "/generate", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            first = first or time.perf_counter() - t0
+            last = orjson.loads(line[len("data: ") :])
+    if last is None or first is None:
+        raise RuntimeError(f"no output for a {len(ids)}-token turn")
+    meta = last["meta_info"]
+    return Turn(ids, meta["cached_tokens"], first, time.perf_counter() - t0), last["output_ids"]
+
+
+async def agent_loop(url: str, vocab: int, args: argparse.Namespace) -> list[Turn]:
+    """`--turns` turns; each appends its output and tool tokens to reach `--added` new tokens."""
+    rng = random.Random(0)
+
+    def tool(n: int) -> list[int]:
+        return [rng.randrange(200, vocab - 200) for _ in range(n)]
+
+    history = tool(LOOP_POINTS[-1] - (args.turns - 1) * args.added)
+    turns = []
+    async with httpx.AsyncClient(base_url=url, timeout=3600) as client:
+        await timed_turn(client, tool(16), 2)  # warm-up
+        for _ in range(args.turns):
+            turn, out = await timed_turn(client, history, args.loop_new_tokens)
+            turns.append(turn)
+            history = history + out + tool(args.added - len(out))
+    return turns
+
+
+def nearest(turns: list[Turn], point: int) -> list[Turn]:
+    """The `NEAREST` turns whose input length is closest to `point`."""
+    return sorted(turns, key=lambda t: abs(len(t.ids) - point))[:NEAREST]
+
+
+async def uncached_prefill(url: str, inputs: list[list[int]], new_tokens: int) -> list[float]:
+    """The prefill time of each input on an engine without the prefix cache."""
+    async with httpx.AsyncClient(base_url=url, timeout=3600) as client:
+        await timed_turn(client, inputs[0][:16], 2)  # warm-up
+        return [(await timed_turn(client, ids, new_tokens))[0].prefill for ids in inputs]
+
+
+def bench_loop(name: str, path: Path, args: argparse.Namespace) -> dict[str, float]:
+    """The growing agent loop with the cache, then its 1k/4k/8k inputs without it."""
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(str(path)))
+    print(
+        f"\n== {name}: agent loop, {args.turns} turns, {args.added} tokens added a turn "
+        f"({args.loop_new_tokens} sampled), {args.threads} thread(s)"
+    )
+    common = ("--threads", str(args.threads))
+    with engine_server(path, *common) as url:
+        turns = asyncio.run(agent_loop(url, vocab, args))
+    picked = {p: nearest(turns, p) for p in LOOP_POINTS}
+    with engine_server(path, *common, "--cache-mib", "0") as url:
+        plain = asyncio.run(
+            uncached_prefill(url, [picked[p][0].ids for p in LOOP_POINTS], args.loop_new_tokens)
+        )
+    hit = sum(t.cached for t in turns) / sum(len(t.ids) for t in turns)
+    cached = {p: statistics.median(t.prefill for t in picked[p]) for p in LOOP_POINTS}
+    print("  history   prefill, cache on (median of 3)   prefill, cache off   off/on")
+    for p, off in zip(LOOP_POINTS, plain, strict=True):
+        on = cached[p]
+        print(f"  {len(picked[p][0].ids):7d}   {on * 1e3:30.1f} ms   {off * 1e3:15.1f} ms   {off / on:5.1f}x")
+    first, last = cached[LOOP_POINTS[0]], cached[LOOP_POINTS[-1]]
+    print(f"  cache on: prefill at 8k / at 1k        {last / first:5.2f}x (goal <= 1.5x)")
+    print(f"  at 8k: cache off / cache on            {plain[-1] / last:5.1f}x (goal >= 5x on SmolLM2)")
+    print(
+        f"  hit rate: {hit:.1%} of prompt tokens reused; whole turns at 1k/4k/8k "
+        + " / ".join(f"{statistics.median(t.total for t in picked[p]) * 1e3:.0f}" for p in LOOP_POINTS)
+        + " ms"
+    )
+    return {"flat": last / first, "speedup": plain[-1] / last, "hit": hit}
+
+
 def tiny_model() -> Path:
     """The committed tiny Qwen3 fixture, or a random tiny Qwen3 built in a temp dir if it is missing."""
     fixture = REPO / "tests" / "fixtures" / "tiny-qwen3"
@@ -129,21 +243,33 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-smollm2", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true", help="only the agent loop")
+    parser.add_argument("--skip-loop", action="store_true", help="only the throughput runs")
+    parser.add_argument("--turns", type=int, default=40, help="agent-loop turns (default 40)")
+    parser.add_argument("--added", type=int, default=200, help="tokens added a turn (default 200)")
+    parser.add_argument("--loop-new-tokens", type=int, default=8, help="tokens sampled a turn (default 8)")
     args = parser.parse_args()
 
-    results = {"tiny": bench_model("tiny Qwen3 fixture", tiny_model(), args)}
+    models = {"tiny": ("tiny Qwen3 fixture", tiny_model())}
     if args.skip_smollm2:
         print("\n(SmolLM2 skipped: --skip-smollm2)")
     else:
         from rlgw.engine.models import ModelResolutionError, resolve_model
 
         try:
-            path = resolve_model("smollm2")
+            models["smollm2"] = ("SmolLM2-135M-Instruct", resolve_model("smollm2"))
         except ModelResolutionError as exc:
             print(f"\n(SmolLM2 skipped: {exc})")
-        else:
-            results["smollm2"] = bench_model("SmolLM2-135M-Instruct", path, args)
+    results = {} if args.skip_throughput else {k: bench_model(*m, args) for k, m in models.items()}
+    loops = {} if args.skip_loop else {k: bench_loop(*m, args) for k, m in models.items()}
 
+    for k, v in loops.items():
+        print(
+            f"summary {k} loop: cache on 8k/1k {v['flat']:.2f}x (goal <= 1.5x), cache off/on at 8k "
+            f"{v['speedup']:.1f}x (goal >= 5x on SmolLM2), hit rate {v['hit']:.1%}"
+        )
+    if not results:
+        return 0
     for k, v in results.items():
         print(
             f"summary {k}: generate {v['generate']:.0f} tok/s, engine x1 {v['engine1']:.0f} tok/s "

@@ -34,6 +34,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=512,
         help="prompt tokens prefilled between two decode steps (default 512)",
     )
+    p.add_argument(
+        "--cache-mib",
+        type=int,
+        default=1024,
+        help="prefix cache budget: MiB of finished requests' KV kept for reuse, LRU-evicted (default 1024; "
+        "0: off)",
+    )
     p.add_argument("--served-model-name", default=None, help="name reported by /model_info")
     p.add_argument("--weight-version", default="default", help="initial weight version (default 'default')")
     p.add_argument(
@@ -60,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     ):
         if value < 1:
             raise SystemExit(f"rlgw engine: {name} must be at least 1")
+    if args.cache_mib < 0:
+        raise SystemExit("rlgw engine: --cache-mib must be at least 0 (0 turns the prefix cache off)")
     try:
         path = resolve_model(args.model)
     except ModelResolutionError as exc:
@@ -82,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_running=args.max_running,
         chunked_prefill_size=args.chunked_prefill_size,
+        cache_mib=args.cache_mib,
         threads=args.threads,
         weight_version=args.weight_version,
         served_model_name=args.served_model_name,

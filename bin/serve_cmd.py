@@ -49,6 +49,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-port", type=int, default=0, help="embedded engine's port (default: a free one)")
     p.add_argument("--engine-threads", type=int, default=None, help="embedded engine's torch threads")
     p.add_argument(
+        "--cache-mib",
+        type=int,
+        default=None,
+        help="embedded engine's prefix cache budget in MiB of KV (default 1024; 0: off)",
+    )
+    p.add_argument(
         "--host",
         default="127.0.0.1",
         help="address the gateway listens on (default: 127.0.0.1; 0.0.0.0: all)",
@@ -217,6 +223,8 @@ def embedded_engine(args: argparse.Namespace) -> Iterator[str]:
     cmd += ["--model", args.model, "--port", str(port)]
     if args.engine_threads:
         cmd += ["--threads", str(args.engine_threads)]
+    if args.cache_mib is not None:
+        cmd += ["--cache-mib", str(args.cache_mib)]
     print(f"rlgw serve: starting the embedded engine ({args.model}) on 127.0.0.1:{port}", file=sys.stderr)
     proc = subprocess.Popen(cmd, preexec_fn=_ends_with_us())
     url = f"http://127.0.0.1:{port}"
@@ -246,6 +254,14 @@ def run(args: argparse.Namespace) -> int:
     """Start the gateway (and the embedded engine if needed) until interrupted."""
     if problem := port_in_use(args.host, args.port):
         print(f"rlgw serve: {problem}", file=sys.stderr)
+        return 2
+    if args.engine_url and args.cache_mib is not None:
+        print(
+            "rlgw serve: --cache-mib sets the embedded engine's cache; not with --engine-url", file=sys.stderr
+        )
+        return 2
+    if args.cache_mib is not None and args.cache_mib < 0:
+        print("rlgw serve: --cache-mib must be at least 0 (0 turns the prefix cache off)", file=sys.stderr)
         return 2
     import uvicorn
 

@@ -66,6 +66,14 @@ class BatchCache:
             layer.values = layer.values.index_select(0, index)[:, :, first:]
         self.reqs = [self.reqs[i] for i in keep_rows]
 
+    def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row `row`'s keys and values without its left padding (views into the batch's tensors)."""
+        n = int(self.mask[row].sum())
+        return [
+            (layer.keys[row : row + 1, :, -n:], layer.values[row : row + 1, :, -n:])
+            for layer in self.cache.layers
+        ]
+
 
 def _cat_padded(a: torch.Tensor, b: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
     """Concatenate along the batch dim after left-padding `a` and `b` with zeros to `width` on `dim`."""
@@ -81,8 +89,24 @@ def _cat_padded(a: torch.Tensor, b: torch.Tensor, width: int, dim: int = 2) -> t
     return torch.cat([pad(a), pad(b)], dim=0)
 
 
-def new_cache():
-    """An empty `DynamicCache` (full-attention layers) for one request's prefill."""
-    from transformers import DynamicCache
+def new_cache(kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
+    """A `DynamicCache` (full-attention layers) for one request's prefill, empty or holding `kv`.
 
-    return DynamicCache()
+    `kv`'s tensors are adopted, not copied: the model grows a `DynamicLayer` by concatenation, so
+    they are never written in place.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache()
+    for k, v in kv or ():
+        layer = DynamicLayer()
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+        cache.layers.append(layer)
+    return cache
+
+
+def cache_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The per-layer keys and values of a one-row `DynamicCache`."""
+    return [(layer.keys, layer.values) for layer in cache.layers]

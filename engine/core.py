@@ -14,11 +14,12 @@ runs over every running request.
 
 Weight-sync contract (used by `rlgw.sync.engine_routes` and `/update_weights_from_disk`):
 - `await pause(mode)` / `await resume()`: SGLang's three pause modes (see the scheduler).
-- `flush_cache() -> bool`: drops every kept KV; False (nothing done) while requests are running and
-  the engine is not paused.
+- `flush_cache() -> bool`: drops every kept KV and the prefix cache; False (nothing done) while
+  requests are running and the engine is not paused.
 - `await update_weights(named_tensors, version)`: validates every name/shape/dtype against the live
   model before changing anything (`WeightUpdateError`); if not paused, stops admitting and waits for
-  running requests to finish; copies under no_grad; flushes KV; sets `weight_version`.
+  running requests to finish; copies under no_grad and clears the prefix cache under the step lock;
+  flushes KV; sets `weight_version`.
 - `await load_weights_from_dir(path, version)`: reads a safetensors checkpoint and applies it.
 - properties `weight_version`, `model`, `model_path`, `tokenizer`.
 """
@@ -36,7 +37,9 @@ from pathlib import Path
 import torch
 
 from rlgw.engine import weights
+from rlgw.engine.batch import cache_kv
 from rlgw.engine.grammar import Constraint, Matcher
+from rlgw.engine.prefix_cache import KV, PrefixCache
 from rlgw.engine.request import Request, aborted
 from rlgw.engine.runner import ModelRunner, load_model
 from rlgw.engine.scheduler import Scheduler
@@ -55,6 +58,7 @@ class EngineConfig:
     served_model_name: str | None = None
     original_logprob: bool = False
     chunked_prefill_size: int = 512  # prompt tokens prefilled between two decode steps
+    cache_mib: int = 1024  # the prefix cache's budget (MiB of KV); 0 disables it
 
 
 class Engine:
@@ -63,8 +67,9 @@ class Engine:
     Features: bounded queue (QueueFullError), batched decode across running requests, per-request
     seeded sampling, constrained decoding (xgrammar, per-request matchers in a mixed batch), prompt
     logprobs (teacher forcing) in bounded memory, stop ids/strings, aborts, three pause modes, live
-    weight updates. Trade-offs: one process-wide thread does all compute (no
-    overlap of tokenization with compute).
+    weight updates, a prefix cache of finished requests' KV (cleared by every weight update and
+    flush). Trade-offs: one process-wide thread does all compute (no overlap of tokenization with
+    compute).
     """
 
     def __init__(self, model_path: Path, config: EngineConfig | None = None) -> None:
@@ -72,7 +77,8 @@ class Engine:
         torch.set_num_threads(self.config.threads)
         self._model_path = Path(model_path)
         model, tokenizer = load_model(self._model_path)
-        self.runner = ModelRunner(model, tokenizer, self.config.original_logprob)
+        self.prefix = PrefixCache(self.config.cache_mib * 2**20)
+        self.runner = ModelRunner(model, tokenizer, self.prefix, self.config.original_logprob)
         self._weight_version = self.config.weight_version
         self.scheduler = Scheduler(
             self.config.max_queue,
@@ -157,8 +163,12 @@ class Engine:
         await self.scheduler.resume()
 
     def flush_cache(self) -> bool:
-        """Drop every kept KV cache; False if requests are running and the engine is not paused."""
-        return self.scheduler.flush_cache()
+        """Drop every kept KV cache, the prefix cache's too; False (nothing dropped) if requests are
+        running and the engine is not paused."""
+        if not self.scheduler.flush_cache():
+            return False
+        self.prefix.clear()
+        return True
 
     # -- weights ----------------------------------------------------------------------------------
 
@@ -179,6 +189,8 @@ class Engine:
         self.scheduler.wait_quiet()
         with self.scheduler.step_lock:
             weights.apply(plan)
+            # Under the step lock: no step sees the new weights with a prefix of the old ones.
+            self.prefix.clear()
             if version is not None:
                 self._weight_version = version
         self.scheduler.flush_cache()
@@ -226,12 +238,25 @@ class Engine:
             budget -= fed
             if complete:
                 sched.prefilling.pop(0)
+                if reason is not None:
+                    self._remember(req, reason, cache_kv(req.kv))
                 if self._settle(req, reason):
                     sched.batch.add(req)
         if sched.batch:
-            for req, reason in zip(sched.batch.reqs, runner.decode(sched.batch), strict=True):
+            reasons = runner.decode(sched.batch)
+            for row, (req, reason) in enumerate(zip(sched.batch.reqs, reasons, strict=True)):
+                if reason is not None:
+                    self._remember(req, reason, sched.batch.row_kv(row))
                 self._settle(req, reason)
             sched.drop_finished()
+
+    def _remember(self, req: Request, reason: dict, kv: KV) -> None:
+        """Hand a request that finished normally (stop, length) to the prefix cache; an aborted or
+        failed one leaves nothing."""
+        if reason.get("type") == "abort":
+            return
+        n = kv[0][0].shape[2]
+        self.prefix.insert((req.input_ids + req.output_ids)[:n], kv, req.cache_epoch)
 
     def _settle(self, req: Request, reason: dict | None) -> bool:
         """Finish `req` with `reason`, or stream it if due; True while it keeps running."""

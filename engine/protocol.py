@@ -169,7 +169,7 @@ def render(item: Item, req: Request, update: Update, decode_many, with_index: bo
         meta["prompt_tokens"] = len(req.input_ids)
     meta["completion_tokens"] = n
     if not waiting_abort:
-        meta["cached_tokens"] = 0
+        meta["cached_tokens"] = req.cached_tokens
     meta["reasoning_tokens"] = 0
     meta["weight_version"] = update.weight_version
     meta["num_retractions"] = req.num_retractions

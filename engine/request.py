@@ -73,6 +73,8 @@ class Request:
     abort_requested: bool = False
     generator: torch.Generator | None = None
     kv: object | None = None  # own DynamicCache between prefill and joining the batch
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    cache_epoch: int = 0  # the prefix cache's epoch when this request's KV computation began
     last_emit: int = 0
 
     def __post_init__(self) -> None:

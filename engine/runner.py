@@ -1,7 +1,8 @@
 """The model runner: prefill, batched decode, sampling, logprobs and stop checks on a CPU model.
 
 Owns the torch side of generation: loading a checkpoint, the forward passes (chunked prefill into a
-request's own KV cache, one decode step over the left-padded running batch), turning logits into
+request's own KV cache, starting after the longest prefix the prefix cache holds, and one decode
+step over the left-padded running batch), turning logits into
 sampled ids and log-probabilities, teacher-forced prompt logprobs in bounded memory, the stop
 conditions, and the detokenized text of a snapshot. Knows nothing about queues, locks or pausing:
 the scheduler (`rlgw.engine.scheduler`) decides which requests run, and this module reports back
@@ -19,6 +20,7 @@ import torch
 from rlgw.engine.batch import BatchCache, new_cache
 from rlgw.engine.errors import ModelError, RequestError
 from rlgw.engine.grammar import Grammars
+from rlgw.engine.prefix_cache import PrefixCache
 from rlgw.engine.request import Phase, Request, Update, failed, length, stopped
 from rlgw.engine.sampling import SamplerRow, sample, scaled_logprobs
 
@@ -41,13 +43,17 @@ def load_model(path: Path):
 class ModelRunner:
     """Forward passes, sampling and stop checks for one model (called from the engine thread only).
 
-    Trade-offs: fp32 only; no prefix cache (`cached_tokens` is always 0); the padded batch is
+    Trade-offs: fp32 only; a prefill reuses the longest cached prefix (`rlgw.engine.prefix_cache`)
+    but never the whole sequence (its last token is fed again for the logits); the padded batch is
     rebuilt only when membership changes (see `rlgw.engine.batch`).
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, original_logprob: bool = False) -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer, prefix: PrefixCache, original_logprob: bool = False
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.prefix = prefix
         self.original_logprob = original_logprob
         self._base = model.get_decoder()
         self._lm_head = model.get_output_embeddings()
@@ -105,13 +111,14 @@ class ModelRunner:
         its first token is sampled. A retracted request re-feeds prompt + output except the last
         output id, which the next decode step feeds. Returns (tokens fed, prefill complete, finish
         reason or None); on completion `prefill_done` is reset to 0 and `req.kv` holds the cache.
+        The first call starts the KV from the prefix cache's longest match, if any.
         """
         fresh = not req.output_ids
         seq = req.input_ids if fresh else req.input_ids + req.output_ids[:-1]
+        if req.kv is None:
+            self._start_kv(req, seq, fresh)
         lo = req.prefill_done
         hi = min(len(seq), lo + budget)
-        if req.kv is None:
-            req.kv = new_cache()
         ids = torch.tensor([seq[lo:hi]], dtype=torch.long)
         hidden = self._forward(ids, None, torch.arange(lo, hi).unsqueeze(0), req.kv)
         if fresh and req.return_logprob and req.logprob_start_len >= 0:
@@ -127,13 +134,30 @@ class ModelRunner:
             return hi - lo, True, length(0)
         return hi - lo, True, self._advance([req], self._logits(hidden[:, -1]))[0]
 
+    def _start_kv(self, req: Request, seq: list[int], fresh: bool) -> None:
+        """Give `req` its own cache, seeded with the longest cached prefix of `seq`.
+
+        At least the last token is left to compute (its logits pick the next token), and prompt
+        positions whose logprobs were asked for are computed, not reused (their hidden states score
+        the tokens after them).
+        """
+        req.cache_epoch = self.prefix.epoch
+        limit = len(seq) - 1
+        if fresh and req.return_logprob and req.logprob_start_len >= 0:
+            limit = min(limit, req.logprob_start_len)
+        hit = self.prefix.match(seq, limit)
+        req.kv = new_cache(hit.kv if hit else None)
+        req.prefill_done = hit.length if hit else 0
+        if fresh:
+            req.cached_tokens = req.prefill_done
+
     def _prompt_logprobs(self, req: Request, hidden: torch.Tensor, lo: int) -> None:
         """Teacher-forced logprobs of prompt tokens from `logprob_start_len` (first entry null).
 
         `hidden` holds positions `lo ..`; position p's hidden state scores prompt token p + 1.
         """
         start = req.logprob_start_len
-        if lo == 0:
+        if lo == req.cached_tokens:  # the first chunk of this prefill
             req.input_logprobs = [None]
             req.input_top_logprobs = [None]
         first = max(lo, start)

@@ -328,6 +328,7 @@ async def server_info(request: HttpRequest) -> Response:
             "logprob_semantics": LOGPROB_SEMANTICS,
             "eos_token_ids": engine.eos_ids,
             "internal_states": [engine.load_stats()],
+            "prefix_cache": engine.prefix.stats(),
             "version": f"rlgw-engine {__version__}",
             "startup_time": engine.started_at,
         }

@@ -3,7 +3,8 @@
 `rewrite_agent` is the shared fixture conversation: a tool loop on the weather prompt (a call, its
 result, an answer), then the agent rewrites its history into a summary and asks again, so the
 session stores two segments (causes `start` and `rewrite`) of one rollout. Greedy decoding of the
-tiny Qwen3 fixture makes it deterministic. `failing_agent` makes one model call and raises.
+tiny Qwen3 fixture makes it deterministic. `one_segment_agent` is the weather loop alone, graded 0.0;
+`failing_agent` makes one model call and raises.
 """
 
 from __future__ import annotations
@@ -46,3 +47,9 @@ async def failing_agent(session: SessionInfo, request: TaskRequest) -> float:
     """One model call, then the agent crashes."""
     await dataclasses.replace(LOOP, max_turns=1)(session, dataclasses.replace(request, prompt=fp.PLAIN))
     raise RuntimeError("the sandbox went away")
+
+
+async def one_segment_agent(session: SessionInfo, request: TaskRequest) -> float:
+    """One segment (the weather tool loop) graded 0.0: the other member of a GRPO group."""
+    await LOOP(session, dataclasses.replace(request, prompt=fp.WEATHER))
+    return 0.0

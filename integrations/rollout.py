@@ -235,6 +235,20 @@ def _instruction(request: TaskRequest) -> str:
     return users[-1]
 
 
+def provenance(stored: StoredTrajectory) -> dict[str, Any]:
+    """Where a trainer's row came from: its cursor, session, segment, rollout, group, status, versions."""
+    s = stored.sample
+    return {
+        "cursor": stored.cursor,
+        "session_id": stored.session_id,
+        "segment": stored.segment,
+        "rollout_id": s.rollout_id,
+        "group_index": s.group_index,
+        "status": str(s.status),
+        "weight_versions": [v.version for v in s.weight_versions],
+    }
+
+
 async def run_rollout(gw: GatewayClient, runner: TaskRunner, request: TaskRequest) -> Rollout:
     """Run `request` with `runner` and read back every sample the gateway stored for it."""
     outcome = await runner(gw, request)

@@ -38,7 +38,14 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
-from rlgw.integrations.rollout import Rollout, TaskRequest, run_rollout, session_sampling, shared_client
+from rlgw.integrations.rollout import (
+    Rollout,
+    TaskRequest,
+    provenance,
+    run_rollout,
+    session_sampling,
+    shared_client,
+)
 from rlgw.integrations.settings import RlgwSettings
 
 # slime's estimators whose default post-process normalizes rewards per group (slime/ray/rollout.py).
@@ -92,14 +99,7 @@ def to_slime_samples(sample: Any, rollout: Rollout) -> list[Any]:
         out.weight_versions = [span.version for span in s.weight_versions]
         out.metadata = {
             **(sample.metadata or {}),
-            "rlgw": {
-                "cursor": stored.cursor,
-                "session_id": stored.session_id,
-                "segment": stored.segment,
-                "rollout_id": s.rollout_id,
-                "group_index": s.group_index,
-                **s.metadata,
-            },
+            "rlgw": {**provenance(stored), **s.metadata},
         }
         samples.append(out)
     return samples

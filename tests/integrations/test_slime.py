@@ -16,6 +16,7 @@ import dataclasses
 import enum
 import inspect
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +220,29 @@ def test_the_example_config_builds_its_runner(monkeypatch: pytest.MonkeyPatch) -
     from weather_agent import agent
 
     assert runner.agent is agent and settings.max_turns == 8
+
+
+@pytest.mark.slow
+async def test_generate_runs_an_rlgw_scaffold_graded_by_its_verifier(qwen3: Stack) -> None:
+    task = {
+        "id": "weather-mini",
+        "instruction": "What is the weather in Paris?",
+        "setup_files": {"README.md": "notes\n"},
+        "verifier": {
+            "command": "test -f README.md && echo '{\"reward\": 0.5}' > $RLGW_REWARD_DIR/reward.json"
+        },
+    }
+    sample = SlimeSample(index=9, group_index=1, prompt="unused", session_id="slime-session-9",
+                         metadata={"rlgw_task": task})  # fmt: skip
+    args = _args(qwen3, "scaffold:rlgw-mini", rlgw_max_turns=2,
+                 rlgw_scaffold_options={"python": sys.executable, "max_tokens": 64})  # fmt: skip
+    out = await slime.generate(args, sample, {"temperature": 0.0})
+    assert out and all(s.status is not SlimeSample.Status.ABORTED for s in out), out[0].metadata
+    docs = stored_samples(qwen3, out[0].metadata["rlgw"]["session_id"])
+    assert len(docs) == len(out)
+    for s, doc in zip(out, docs, strict=True):
+        _check_fields(s)
+        assert_same_tokens(doc, s.tokens, s.loss_mask, s.rollout_log_probs)
+        assert s.reward == doc["reward"] == 0.5  # the task's verifier, run on the frozen workspace
+        assert s.status.value == doc["status"] and s.rollout_id == 9
+        assert s.metadata["rlgw"]["termination_reason"] == doc["metadata"]["termination_reason"]

@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.gateway import pct, process, qwen3_tokenizer_dir  # noqa: E402
 from bench.passthrough import ENGINE_IDS  # noqa: E402
-from rlgw.gateway.http1_transport import Http1Transport  # noqa: E402
-from rlgw.gateway.transport import AiohttpTransport, Transport  # noqa: E402
+from rlgw.gateway.engine_client.http1_transport import Http1Transport  # noqa: E402
+from rlgw.gateway.engine_client.transport import AiohttpTransport, Transport  # noqa: E402
 from tests.support.procs import free_port  # noqa: E402
 
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlgw.gateway.journal import SessionJournal
+from rlgw.gateway.sessions.journal import SessionJournal
 
 
 def _record(i: int) -> dict:

@@ -20,7 +20,7 @@ Speed: one unmutated run per module under `coverage` records which tests execute
 a mutant then runs only those tests (stopping at the first failure), and a mutant on a line no
 test executes survives without a run. By default every k-th mutant is run, 30 per module
 (`--sample 0` runs them all: about 1050, some 90 minutes on the shared 2-core machine; the
-sample about 14 with `--jobs 1`). Every module's tests run in process, `gateway/turn.py`'s
+sample about 14 with `--jobs 1`). Every module's tests run in process, `gateway/turns/lifecycle.py`'s
 included (tests/gateway/test_mutation_gaps_turn.py: the scope, the policy, the sampling
 boundary, commit and journal replay); only some seeded bugs' tests start a gateway process.
 A module none of whose tests exist at `--rev` is reported and skipped.
@@ -31,7 +31,7 @@ temporary directory, one copy per job, and tests run there with this interpreter
 A forked child per mutant starts from a parent that already imported the heavy third-party
 libraries, so a mutant costs its tests, not the interpreter start-up.
 
-    python bench/mutation.py [--rev HEAD] [--jobs 2] [--module gateway/ledger.py ...]
+    python bench/mutation.py [--rev HEAD] [--jobs 2] [--module gateway/ledger/ledger.py ...]
                              [--no-seeded] [--list] [--sample N]
 """
 
@@ -67,24 +67,24 @@ CORE: dict[str, list[str]] = {
         "tests/gateway/test_ledger.py",
         "tests/gateway/test_store_edges.py",
     ],
-    "gateway/ledger.py": [
+    "gateway/ledger/ledger.py": [
         "tests/gateway/test_ledger.py",
         "tests/gateway/test_ledger_edges.py",
         "tests/gateway/test_history_rules.py",
         "tests/gateway/test_history_print.py",
         "tests/gateway/test_mutation_gaps_ledger.py",
     ],
-    "gateway/render.py": [
+    "gateway/model/render.py": [
         "tests/gateway/test_render_edges.py",
         "tests/gateway/test_render.py",
         "tests/gateway/test_mutation_gaps_render.py",
         "tests/gateway/test_increment_cache.py",
     ],
-    "gateway/increment_cache.py": [
+    "gateway/model/increment_cache.py": [
         "tests/gateway/test_increment_cache.py",
         "tests/gateway/test_render.py",
     ],
-    "gateway/store.py": [
+    "gateway/trajectories/store.py": [
         "tests/gateway/test_store.py",
         "tests/gateway/test_store_edges.py",
         "tests/gateway/test_store_durability.py",
@@ -106,11 +106,11 @@ CORE: dict[str, list[str]] = {
         "tests/sync/test_durable_defaults.py",
     ],
     # In process: the scope, the policy, the sampling boundary, commit and journal replay.
-    "gateway/turn.py": ["tests/gateway/test_mutation_gaps_turn.py"],
+    "gateway/turns/lifecycle.py": ["tests/gateway/test_mutation_gaps_turn.py"],
 }
 
 # Modules whose tests also run them in subprocesses (a killed writer).
-SUBPROCESS = {"gateway/store.py"}
+SUBPROCESS = {"gateway/trajectories/store.py"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +146,8 @@ SEEDED: list[Seed] = [
     Seed(
         "message digest ignores tool_call_id",
         (
-            ("gateway/ledger.py", '("name", "tool_call_id")', '("name",)'),
-            ("gateway/ledger.py", '"name", "tool_call_id", "tool_calls"', '"name", "tool_calls"'),
+            ("gateway/ledger/ledger.py", '("name", "tool_call_id")', '("name",)'),
+            ("gateway/ledger/ledger.py", '"name", "tool_call_id", "tool_calls"', '"name", "tool_calls"'),
         ),
         ("tests/gateway/test_history_rules.py",),
     ),
@@ -155,12 +155,12 @@ SEEDED: list[Seed] = [
         "an echoed turn matches when its tool-call ids are a subset of the minted ones",
         (
             (
-                "gateway/ledger.py",
+                "gateway/ledger/ledger.py",
                 'if sorted(tc.get("id", "") for tc in calls) != sorted(turn.tool_call_ids):',
                 'if not {tc.get("id", "") for tc in calls} <= set(turn.tool_call_ids):',
             ),
             (
-                "gateway/ledger.py",
+                "gateway/ledger/ledger.py",
                 "return sorted(ids) == sorted(turn.tool_call_ids)",
                 "return set(ids) <= set(turn.tool_call_ids)",
             ),
@@ -171,13 +171,13 @@ SEEDED: list[Seed] = [
         "context room off by one (context - prompt + 1)",
         tuple(
             (module, "profile.context_length - prompt_len\n", "profile.context_length - prompt_len + 1\n")
-            for module in ("gateway/turn.py", "gateway/chat.py")
+            for module in ("gateway/turns/lifecycle.py", "gateway/turns/messages.py")
         ),
         ("tests/gateway/test_context_boundary.py",),
     ),
     Seed(
         "SQLite synchronous=NORMAL instead of FULL",
-        (("gateway/store.py", "PRAGMA synchronous=FULL", "PRAGMA synchronous=NORMAL"),),
+        (("gateway/trajectories/store.py", "PRAGMA synchronous=FULL", "PRAGMA synchronous=NORMAL"),),
         ("tests/gateway/test_store_durability.py",),
     ),
     Seed(
@@ -193,87 +193,89 @@ SEEDED: list[Seed] = [
 # one that is killed is printed too, since then its reason is wrong.
 _LEVEL = "equivalent: a zstd compression level; the payload decodes to the same bytes"
 EXCUSED: dict[tuple[str, str, str], str] = {
-    ("gateway/turn.py", "0 -> 1", "tools: int = 0  # tools_digest of the request"): (
+    ("gateway/turns/lifecycle.py", "0 -> 1", "tools: int = 0  # tools_digest of the request"): (
         "equivalent: only completions plans take the default, and a completions segment never "
         "compares tool digests (another surface is a mode switch first)"
     ),
     (
-        "gateway/turn.py",
+        "gateway/turns/lifecycle.py",
         "False -> True",
         "reasoning_forced: bool = False  # the generation prompt already opened a think block",
     ): "equivalent: only completions plans take the default, and completions never read it",
-    ("gateway/turn.py", "drop if check", "if ledger is None:"): (
+    ("gateway/turns/lifecycle.py", "drop if check", "if ledger is None:"): (
         "equivalent: the records of a session without a ledger carry no `invalidate` and no "
         "`commit` (both come from a ledger), so the rest of the function does nothing either"
     ),
     (
-        "gateway/render.py",
+        "gateway/model/render.py",
         "True -> False",
         "with_tools = self._increment(probe, [tool], True, {}, anchor_user)",
     ): ("equivalent: both probe renders then keep the same closing in front; their comparison is unchanged"),
-    ("gateway/render.py", "True -> False", "without = self._increment(probe, None, True, {}, anchor_user)"): (
-        "equivalent: both probe renders then keep the same closing in front; their comparison is unchanged"
-    ),
     (
-        "gateway/render.py",
+        "gateway/model/render.py",
+        "True -> False",
+        "without = self._increment(probe, None, True, {}, anchor_user)",
+    ): ("equivalent: both probe renders then keep the same closing in front; their comparison is unchanged"),
+    (
+        "gateway/model/render.py",
         "0 -> 1",
         "anchor = [_ANCHOR[1]] if anchor_user is None else [self._normalize_one(0, anchor_user), _ANCHOR[1]]",
     ): (
         "equivalent: the index only names a message in an error, and the anchor (a message the "
         "agent sent in an earlier turn) was normalized without one then"
     ),
-    ("gateway/increment_cache.py", "return None", "return read"): (
+    ("gateway/model/increment_cache.py", "return None", "return read"): (
         "equivalent: every read then raises TypeError (None is not callable) instead of ValueRead, which the "
         "placeholder render turns into the same outcome: the shape is not filled"
     ),
     (
-        "gateway/increment_cache.py",
+        "gateway/model/increment_cache.py",
         "0 -> 1",
         "return found[0] if found[0] is not None and found[0] == found[1] else None",
     ): "equivalent: the two skeletons are equal whenever one is returned",
     (
-        "gateway/increment_cache.py",
+        "gateway/model/increment_cache.py",
         "True -> False",
         "for slot, piece in zip(self.slots, self.pieces[1:], strict=True):",
     ): "equivalent: `re.split` with one group always gives one piece more than slots, so the lengths match",
     (
-        "gateway/increment_cache.py",
+        "gateway/model/increment_cache.py",
         "4096 -> 4097",
         "def __init__(self, size: int = 4096, verify_every: int = 1000) -> None:",
     ): "equivalent: a bound on how many shapes are kept; a shape dropped is built again on its next use",
-    ("gateway/render.py", "GtE -> Gt", 'closing = text[at + len(SENTINEL) :] if at >= 0 else ""'): (
+    ("gateway/model/render.py", "GtE -> Gt", 'closing = text[at + len(SENTINEL) :] if at >= 0 else ""'): (
         "equivalent: the anchor's user turn is rendered before the sentinel, which is never at offset 0"
     ),
-    ("gateway/render.py", "0 -> 1", 'closing = text[at + len(SENTINEL) :] if at >= 0 else ""'): (
+    ("gateway/model/render.py", "0 -> 1", 'closing = text[at + len(SENTINEL) :] if at >= 0 else ""'): (
         "equivalent: the anchor's user turn is rendered before the sentinel, which is never at offset 0"
     ),
     ("gateway/sample.py", "Lt -> LtE", "if n <= 0 or len(sample.tokens) < n or len(sample.tokens) == n:"): (
         "equivalent: `< n or == n` and `<= n or == n` are the same test"
     ),
     (
-        "gateway/ledger.py",
+        "gateway/ledger/ledger.py",
         "LtE -> Lt",
         "return _canonical_cached(arguments) if len(arguments) <= _CACHED_ARGUMENTS else "
         "_canonical(arguments)",
     ): "equivalent: cached or not, the same function; the bound only decides what is memoized",
     (
-        "gateway/ledger.py",
+        "gateway/ledger/ledger.py",
         "1 -> 2",
         "seg.records.extend(_Record(role, digest, -1) for role, digest in records)",
     ): ("equivalent: -1 and -2 both mean 'not a generated turn' (only `turn >= 0` is ever tested)"),
     (
-        "gateway/store.py",
+        "gateway/trajectories/store.py",
         "False -> True",
         "return cls(path, conn, _connect(path, readonly=False), readonly=False)",
     ): (
         "equivalent: the reader connection only runs SELECTs; opened read-only it reads the same "
         "committed rows (the writer has already put the file in WAL mode)"
     ),
-    ("gateway/store.py", "drop call statement", 'conn.execute("RELEASE finish")'): (
+    ("gateway/trajectories/store.py", "drop call statement", 'conn.execute("RELEASE finish")'): (
         "equivalent: savepoints of one name stack; ROLLBACK TO undoes the innermost (this finish's) "
         "and COMMIT releases them all"
     ),
-    ("gateway/store.py", "drop if check", "if not samples:"): (
+    ("gateway/trajectories/store.py", "drop if check", "if not samples:"): (
         "equivalent: no samples insert no rows: an empty transaction, and the same `[]`"
     ),
     (

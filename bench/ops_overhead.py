@@ -2,7 +2,8 @@
 
 Runs a trivial ASGI app N times bare and wrapped in the gateway's edge (meter, body cap,
 limit binding), in-process (no sockets: only the layers' own cost), and times the
-per-turn calls a turn makes (`turn_slot` enter/exit, `turn_generated`, `turn_recorded`).
+per-turn calls a turn makes (`turn_slot` and `metrics.TURN_IN_FLIGHT` enter/exit, the limits' and
+the metrics' `turn_generated`, `turn_recorded`).
 
     python -m bench.ops_overhead [--n 20000]
 """
@@ -16,8 +17,8 @@ import time
 from typing import Any
 
 from rlgw.gateway import metrics
-from rlgw.gateway.edge import Edge
-from rlgw.gateway.limits import Limits, LimitTable, turn_generated, turn_slot
+from rlgw.gateway.serving.edge import Edge
+from rlgw.gateway.tenancy.limits import Limits, LimitTable, turn_generated, turn_slot
 
 
 async def _bare(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -27,8 +28,9 @@ async def _bare(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 async def _turn_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    with turn_slot("tenant"):
-        turn_generated("tenant", "chat", 40)
+    with turn_slot("tenant"), metrics.TURN_IN_FLIGHT:
+        turn_generated("tenant", 40)
+        metrics.turn_generated("chat", 40)
         metrics.turn_recorded(840, 40)
     await _bare(scope, receive, send)
 

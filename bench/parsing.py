@@ -18,8 +18,8 @@ import importlib.util
 import time
 from pathlib import Path
 
-from rlgw.gateway.detokenize import IncrementalDetokenizer
-from rlgw.gateway.output_parser import OutputParser
+from rlgw.gateway.parsing.detokenize import IncrementalDetokenizer
+from rlgw.gateway.parsing.output_parser import OutputParser
 
 TOOLS = [
     {

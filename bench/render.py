@@ -21,8 +21,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from rlgw.gateway.render import ChatRenderer
-from rlgw.gateway.template_probe import probe_template
+from rlgw.gateway.model.render import ChatRenderer
+from rlgw.gateway.model.template_probe import probe_template
 
 TOOLS = [
     {

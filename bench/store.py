@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
-from rlgw.gateway.store import DB_NAME, TrajectoryStore, encode_arrays
+from rlgw.gateway.trajectories.store import DB_NAME, TrajectoryStore, encode_arrays
 
 
 def corpus_ids(n_tokens: int) -> np.ndarray:

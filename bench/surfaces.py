@@ -155,10 +155,11 @@ def translation_cost(surfaces: list[Surface], number: int = 200) -> dict[str, fl
     """In-process microseconds per turn of what differs between surfaces: request validation
     and translation into the turn's parameters, and the reply's translation back (the
     ChatCompletion every surface starts from is built by the shared turn, so it is left out)."""
-    from rlgw.gateway import anthropic_api, responses_api
-    from rlgw.gateway import anthropic_translate as at
-    from rlgw.gateway import responses_translate as rt
-    from rlgw.gateway.openai_api import ChatCompletionRequest, chat_params
+    from rlgw.gateway.surfaces.anthropic import api as anthropic_api
+    from rlgw.gateway.surfaces.anthropic import translate as at
+    from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params
+    from rlgw.gateway.surfaces.responses import api as responses_api
+    from rlgw.gateway.surfaces.responses import translate as rt
 
     chat, messages, responses = surfaces
     completion = chat.last_reply

@@ -1,18 +1,24 @@
-"""Weight-sync throughput on a synthetic bf16 model: delta encode/apply (xor, overwrite), gloo broadcast.
+"""Weight-sync throughput on a synthetic bf16 model: full write, delta encode/apply, gloo broadcast.
 
-Prints GB/s of model bytes for each path beside the physical limits measured in the same run (memcpy,
-xxh3-128, raw torch.distributed gloo broadcast), and the ratios to them. The machine is shared: run it
-twice and read the figures as a range.
+Prints GB/s of model bytes for each path beside the reference the issue names, measured in the same run
+and interleaved with it (reference, path, reference, path...: on a shared machine both see the same
+load): a single-threaded memcpy for delta encode (goal 0.5x) and apply (goal 0.8x), a plain `cp` of
+the same bytes for a full version's write (goal 1.0x: disk speed), and raw torch.distributed gloo for
+the broadcast. Best of `--reps` each; run it twice and read the figures as a range. Each line also
+gives GB per CPU-second of the path and of its reference: on a machine whose cores others use, the
+wall ratio is what the path got and the CPU ratio what it costs.
 
-    python bench/sync.py                 # 512 MiB model, 1% of elements changed
-    python bench/sync.py --mib 1024 --changed 0.05 --workers 2 --skip-broadcast
+    python -m bench.sync                 # 512 MiB model, 1% of elements changed
+    python -m bench.sync --mib 1024 --changed 0.05 --workers 2 --skip-broadcast
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -44,44 +50,113 @@ def synthetic(mib: int, changed: float, seed: int = 0) -> tuple[list[NamedBytes]
     return base, new
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its waited-for children (`cp`), to the microsecond."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def timed(fn, reps: int = 3) -> float:
     """Best wall time of `reps` runs of `fn()` (the machine is shared; best is the least disturbed).
 
-    Also records the process CPU seconds of that best run in `timed.cpu`: on a machine whose cores
+    Also records the CPU seconds of that best run in `timed.cpu`: on a machine whose cores
     other people use, GB per CPU-second says what the code costs, wall GB/s what it got.
     """
     best, best_cpu = float("inf"), 0.0
     for _ in range(reps):
-        c0, t0 = os.times(), time.perf_counter()
+        c0, t0 = _cpu_seconds(), time.perf_counter()
         fn()
-        dt, c1 = time.perf_counter() - t0, os.times()
+        dt, c1 = time.perf_counter() - t0, _cpu_seconds()
         if dt < best:
-            best, best_cpu = dt, (c1.user - c0.user) + (c1.system - c0.system)
+            best, best_cpu = dt, c1 - c0
     timed.cpu = best_cpu
     return best
 
 
+def beside(fn, ref, reps: int) -> tuple[float, float, float, float]:
+    """(best seconds of `fn`, its CPU seconds, best seconds of `ref`, its CPU seconds), run alternately."""
+    best, cpu, ref_best, ref_cpu = float("inf"), 0.0, float("inf"), 0.0
+    for _ in range(reps):
+        dt = timed(ref, 1)
+        if dt < ref_best:
+            ref_best, ref_cpu = dt, timed.cpu
+        dt = timed(fn, 1)
+        if dt < best:
+            best, cpu = dt, timed.cpu
+    return best, cpu, ref_best, ref_cpu
+
+
+class Memcpy:
+    """A single-threaded memcpy of `nbytes` of warm memory (np.copyto), the delta paths' reference."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.a = np.random.default_rng(1).integers(0, 255, size=nbytes, dtype=np.uint8)
+        self.b = np.empty_like(self.a)
+        np.copyto(self.b, self.a)
+
+    def __call__(self) -> None:
+        np.copyto(self.b, self.a)
+
+
 def limits(nbytes: int) -> dict[str, float]:
     """memcpy and xxh3-128 GB/s on `nbytes` of warm memory."""
-    a = np.random.default_rng(1).integers(0, 255, size=nbytes, dtype=np.uint8)
-    b = np.empty_like(a)
-    np.copyto(b, a)
-    memcpy = nbytes / timed(lambda: np.copyto(b, a)) / GB
-    return {"memcpy": memcpy, "xxh3-128": nbytes / timed(lambda: ck.digest(a)) / GB}
+    mc = Memcpy(nbytes)
+    return {"memcpy": nbytes / timed(mc) / GB, "xxh3-128": nbytes / timed(lambda: ck.digest(mc.a)) / GB}
 
 
-def disk_paths(args: argparse.Namespace, lim: dict[str, float]) -> None:
+def line(
+    label: str, nbytes: int, run: tuple[float, float, float, float], ref_label: str, goal: float
+) -> None:
+    """One path's figures: GB/s and the reference's beside it, their ratio and goal, and the same for CPU.
+
+    On a loaded machine wall GB/s is what the path got and the CPU ratio (GB per CPU-second, path
+    over reference) what it costs; the wall ratio equals it only when both get whole cores.
+    """
+    secs, cpu, ref_secs, ref_cpu = run
+    gbs, ref = nbytes / secs / GB, nbytes / ref_secs / GB
+    per_cpu, ref_per_cpu = nbytes / max(cpu, 1e-9) / GB, nbytes / max(ref_cpu, 1e-9) / GB
+    print(
+        f"{label:22s} {gbs:5.2f} GB/s  {ref_label} {ref:5.2f} GB/s  ratio {gbs / ref:4.2f}x (goal {goal})  "
+        f"| CPU {per_cpu:5.2f} GB/CPU-s, {ref_label.strip()} {ref_per_cpu:5.2f}: {per_cpu / ref_per_cpu:.2f}x"
+    )
+
+
+def full_writes(args: argparse.Namespace, base: list[NamedBytes], work: Path) -> ck.VersionIndex:
+    """Time `write_full_version` (fresh files, with and without fsync) beside `cp` of the same bytes."""
+    size = sum(t.data.size for t in base)
+    index0 = write_full_version(work / "pub", 0, base, durable=False, workers=args.workers)
+    src = work / "pub" / ck.version_dirname(0) / "model.safetensors"
+    n = iter(range(1, 1 << 30))
+
+    def ours(durable: bool) -> None:
+        write_full_version(work / "full", next(n), base, durable=durable, workers=args.workers)
+        shutil.rmtree(work / "full")
+
+    def cp(sync: bool) -> None:
+        # coreutils cp: copy_file_range into fresh pages, as a full write fills fresh pages.
+        subprocess.run(["cp", str(src), str(work / "cp.bin")], check=True)
+        if sync:
+            subprocess.run(["sync", str(work / "cp.bin")], check=True)
+        os.unlink(work / "cp.bin")
+
+    for durable in (False, True):
+        run = beside(lambda d=durable: ours(d), lambda d=durable: cp(d), args.reps)
+        label = "full write" + (", fsync" if durable else ", no fsync")
+        line(label, size, run, "cp" + (" + sync" if durable else "       "), 1.0)
+    return index0
+
+
+def disk_paths(args: argparse.Namespace) -> None:
     base, new = synthetic(args.mib, args.changed)
     size = sum(t.data.size for t in base)
+    mc = Memcpy(size)
     work = Path(tempfile.mkdtemp(prefix="rlgw-bench-", dir=args.dir))
     try:
         print(
-            f"model: {len(base)} bf16 tensors, {size / 2**20:.0f} MiB, {args.changed:.1%} of elements changed"
+            f"model: {len(base)} bf16 tensors, {size / 2**20:.0f} MiB, "
+            f"{args.changed:.1%} of elements changed, {args.workers} workers"
         )
-        t0 = time.perf_counter()
-        index0 = write_full_version(work / "pub", 0, base, durable=False, workers=args.workers)
-        # Fresh files: bounded by page-fault cost on this VM, not by the code (see FACTS, `open_output`).
-        print(f"full write, fresh files, no fsync: {size / (time.perf_counter() - t0) / GB:.2f} GB/s")
+        index0 = full_writes(args, base, work)
         pairs = [(n, b.data) for n, b in zip(new, base, strict=True)]
         for v, enc in enumerate(("xor", "overwrite"), start=1):
             target = work / "pub" / ck.version_dirname(v)
@@ -92,11 +167,9 @@ def disk_paths(args: argparse.Namespace, lim: dict[str, float]) -> None:
                     work / "pub", v, index0, pairs, enc, level=args.level, durable=False, workers=args.workers
                 )
 
-            te = timed(encode, args.reps)
-            te_cpu = timed.cpu
+            line(f"{enc} encode", size, beside(encode, mc, args.reps), "memcpy   ", 0.5)
             stored = (target / DELTA_FILE).stat().st_size
             out = work / f"out-{enc}"
-
             out.mkdir()
 
             def apply(out: Path = out, target: Path = target) -> None:
@@ -104,18 +177,8 @@ def disk_paths(args: argparse.Namespace, lim: dict[str, float]) -> None:
                 # recycles the retired local version (fresh pages cost a fault each on this VM).
                 apply_delta(work / "pub" / ck.version_dirname(0), target, out, workers=args.workers)
 
-            ta = timed(apply, args.reps)
-            ta_cpu = timed.cpu
-            enc_gbs, app_gbs = size / te / GB, size / ta / GB
-            print(
-                f"{enc:9s} encode {enc_gbs:5.2f} GB/s ({enc_gbs / lim['memcpy']:.2f}x memcpy, goal 1.0)  "
-                f"apply {app_gbs:5.2f} GB/s ({app_gbs / lim['memcpy']:.2f}x memcpy, goal 2.0)  "
-                f"on disk {stored / 2**20:.2f} MiB (1/{size / stored:.0f} of the model)"
-            )
-            print(
-                f"{'':9s} CPU cost: encode {size / te_cpu / GB:5.2f} GB per CPU-s, "
-                f"apply {size / ta_cpu / GB:5.2f} GB per CPU-s"
-            )
+            line(f"{enc} apply", size, beside(apply, mc, args.reps), "memcpy   ", 0.8)
+            print(f"{'':22s} on disk {stored / 2**20:.2f} MiB (1/{size / stored:.0f} of the model)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -196,7 +259,7 @@ def main() -> None:
     args = p.parse_args()
     lim = limits(args.mib << 20)
     print(f"physical limits here: memcpy {lim['memcpy']:.2f} GB/s, xxh3-128 {lim['xxh3-128']:.2f} GB/s")
-    disk_paths(args, lim)
+    disk_paths(args)
     if not args.skip_broadcast:
         raw, ours = broadcast_paths(args.mib, args.reps)
         print(

@@ -23,8 +23,8 @@ import httpx
 import numpy as np
 from transformers import AutoTokenizer
 
-from rlgw.gateway.store import TrajectoryStore
-from rlgw.gateway.viewer import viewer_app
+from rlgw.gateway.trajectories.store import TrajectoryStore
+from rlgw.gateway.viewer.routes import viewer_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support import browser

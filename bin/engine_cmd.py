@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rlgw.engine.core import Engine, EngineConfig
     from rlgw.engine.server import create_app
+    from rlgw.sync.engine_routes import router as weight_sync
 
     original = args.return_original_logprob or os.environ.get(
         "SGLANG_RETURN_ORIGINAL_LOGPROB", ""
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     )
     log.info("loading model", extra={"fields": {"path": str(path), "threads": args.threads}})
     engine = Engine(path, config)
-    app = create_app(engine)
+    app = create_app(engine, [weight_sync])
     log.info(
         "serving",
         extra={"fields": {"host": args.host, "port": args.port, "weight_version": engine.weight_version}},

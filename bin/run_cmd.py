@@ -13,6 +13,7 @@ EXAMPLE = """example:
   rlgw run ... --sandbox rock      # ROCK sandboxes (ROCK_BASE_URL, ROCK_API_KEY, ROCK_IMAGE)
   rlgw run --scaffold openhands --scaffold-option version='"v1"' \\
       --scaffold-option venv='"/opt/openhands-venv"' --sampling '{"temperature": 0.7}' ...
+  rlgw run --scaffold claude-code --scaffold-option prefix='"/opt/rlgw-agents/claude-code"' ...
 """
 
 
@@ -20,11 +21,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `rlgw run`."""
     p = sub.add_parser(
         "run",
-        help="run an installed scaffold (rlgw-mini, openhands, terminus-2) on a tasks file",
+        help="run an installed scaffold (rlgw-mini, openhands, terminus-2, claude-code, codex, opencode) "
+        "on a tasks file",
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--scaffold", required=True, help="rlgw-mini, openhands or terminus-2")
+    p.add_argument("--scaffold", required=True,
+                   help="rlgw-mini, openhands, terminus-2, claude-code, codex or opencode")  # fmt: skip
     p.add_argument("--scaffold-option", action="append", default=[], metavar="KEY=JSON",
                    help='scaffold option, value as JSON (repeatable), e.g. version="v1"')  # fmt: skip
     p.add_argument("--tasks", required=True, help="JSONL tasks file (see rlgw.scaffolds.tasks)")

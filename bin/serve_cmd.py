@@ -235,11 +235,11 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from rlgw.gateway.app import GatewayConfig, create_app
-    from rlgw.gateway.body_limits import RequestCaps
-    from rlgw.gateway.ledger import Policy
-    from rlgw.gateway.limits import Limits
-    from rlgw.gateway.server_protocol import CoalescingHttpToolsProtocol
-    from rlgw.gateway.store import default_data_dir
+    from rlgw.gateway.http.body_limits import RequestCaps
+    from rlgw.gateway.http.server_protocol import CoalescingHttpToolsProtocol
+    from rlgw.gateway.ledger.ledger import Policy
+    from rlgw.gateway.tenancy.limits import Limits
+    from rlgw.gateway.trajectories.store import default_data_dir
 
     tenant_keys = _tenant_keys(args)
     with contextlib.ExitStack() as stack:

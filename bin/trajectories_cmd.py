@@ -1,7 +1,8 @@
 """`rlgw trajectories list|show|export|view`: read a trajectory store's SQLite file directly, read-only.
 
-This module owns the command line and the export formats (JSONL, Parquet); the on-disk
-format belongs to `rlgw.gateway.store` and the web pages of `view` to `rlgw.gateway.viewer`.
+This module owns the command line and the export files; the on-disk format belongs to
+`rlgw.gateway.trajectories.store`, the samples' Parquet schema to `rlgw.gateway.trajectories.parquet`
+and the web pages of `view` to `rlgw.gateway.viewer.routes`.
 It works with the gateway running or stopped.
 """
 
@@ -17,10 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
-    import numpy as np
-    import pyarrow as pa
-
-    from rlgw.gateway.store import StoredSample, TrajectoryStore
+    from rlgw.gateway.trajectories.store import StoredSample, TrajectoryStore
 
 EXAMPLES = """\
 examples:
@@ -84,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Open the store read-only and run the chosen action; exit code 2 if there is no store."""
-    from rlgw.gateway.store import StoreError, TrajectoryStore, default_data_dir
+    from rlgw.gateway.trajectories.store import StoreError, TrajectoryStore, default_data_dir
 
     data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
     if args.action == "view":
@@ -109,8 +107,8 @@ def _view(data_dir: Path, args: argparse.Namespace) -> int:
     import uvicorn
 
     from rlgw.bin.serve_cmd import port_in_use
-    from rlgw.gateway.store import StoreError, TrajectoryStore
-    from rlgw.gateway.viewer import viewer_app
+    from rlgw.gateway.trajectories.store import StoreError, TrajectoryStore
+    from rlgw.gateway.viewer.routes import viewer_app
 
     if problem := port_in_use(args.host, args.port):
         print(f"rlgw trajectories view: {problem}", file=sys.stderr)
@@ -223,104 +221,12 @@ def _atomic_file(path: Path) -> Iterator[BinaryIO]:
         tmp.unlink(missing_ok=True)
 
 
-def _parquet_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("tenant", pa.string()),
-            ("cursor", pa.int64()),
-            ("session_id", pa.string()),
-            ("task_id", pa.string()),
-            ("segment", pa.int32()),
-            ("created_at", pa.float64()),
-            ("tokens", pa.list_(pa.int32())),
-            ("response_length", pa.int32()),
-            ("loss_mask", pa.list_(pa.uint8())),
-            ("rollout_log_probs", pa.list_(pa.float32())),
-            ("reward", pa.float64()),
-            ("status", pa.string()),
-            ("rollout_id", pa.string()),
-            ("group_index", pa.int32()),
-            (
-                "weight_versions",
-                pa.list_(pa.struct([("version", pa.string()), ("start", pa.int32()), ("end", pa.int32())])),
-            ),
-            # Free-form per sample, so kept as a JSON string rather than a struct per key.
-            ("metadata", pa.string()),
-            ("teacher_log_probs", pa.list_(pa.float32())),
-            ("teacher_topk_indices", pa.list_(pa.list_(pa.int32()))),
-            ("teacher_topk_logprobs", pa.list_(pa.list_(pa.float32()))),
-        ]
-    )
-
-
-def _offsets(lengths: list[int] | np.ndarray) -> pa.Array:
-    import numpy as np
-    import pyarrow as pa
-
-    return pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]), pa.int32())
-
-
-def _list_column(values: list[np.ndarray | None], field_type: pa.DataType) -> pa.Array:
-    """A list column from 1-D arrays, or a list-of-lists column from [n, k] arrays (rows become
-    inner lists); built from offsets and one flat buffer, never element by element. `None`s
-    become nulls."""
-    import numpy as np
-    import pyarrow as pa
-
-    present = [v for v in values if v is not None]
-    mask = pa.array([v is None for v in values]) if len(present) < len(values) else None
-    outer = _offsets([0 if v is None else len(v) for v in values])
-    inner_type = field_type.value_type
-    leaf_type = inner_type.value_type if pa.types.is_list(inner_type) else inner_type
-    dtype = leaf_type.to_pandas_dtype()
-    leaves = pa.array(
-        np.concatenate([np.asarray(v, dtype).ravel() for v in present]) if present else np.empty(0, dtype),
-        leaf_type,
-    )
-    if pa.types.is_list(inner_type):
-        rows = np.concatenate([np.full(len(v), v.shape[1]) for v in present]) if present else []
-        leaves = pa.ListArray.from_arrays(_offsets(rows), leaves)
-    return pa.ListArray.from_arrays(outer, leaves, mask=mask)
-
-
-def _record_batch(batch: list[StoredSample]) -> pa.RecordBatch:
-    import orjson
-    import pyarrow as pa
-
-    schema = _parquet_schema()
-    smp = [s.sample for s in batch]
-    columns: dict[str, Any] = {
-        "tenant": [s.tenant for s in batch],
-        "cursor": [s.cursor for s in batch],
-        "session_id": [s.session_id for s in batch],
-        "task_id": [s.task_id for s in batch],
-        "segment": [s.segment for s in batch],
-        "created_at": [s.created_at for s in batch],
-        "response_length": [x.response_length for x in smp],
-        "reward": [x.reward for x in smp],
-        "status": [str(x.status) for x in smp],
-        "rollout_id": [x.rollout_id for x in smp],
-        "group_index": [x.group_index for x in smp],
-        "weight_versions": [
-            [{"version": w.version, "start": w.start, "end": w.end} for w in x.weight_versions] for x in smp
-        ],
-        "metadata": [orjson.dumps(x.metadata).decode() for x in smp],
-    }
-    arrays = []
-    for field in schema:
-        if field.name in columns:
-            arrays.append(pa.array(columns[field.name], field.type))
-        else:
-            arrays.append(_list_column([getattr(x, field.name) for x in smp], field.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
 def _export_parquet(samples: Iterator[StoredSample], out: Path, progress: Any) -> None:
     import pyarrow.parquet as pq
 
-    with _atomic_file(out) as fh, pq.ParquetWriter(fh, _parquet_schema(), compression="zstd") as writer:
+    from rlgw.gateway.trajectories import parquet
+
+    with _atomic_file(out) as fh, pq.ParquetWriter(fh, parquet.schema(), compression="zstd") as writer:
         while batch := list(itertools.islice(samples, EXPORT_BATCH)):
-            writer.write_batch(_record_batch(batch))
+            writer.write_batch(parquet.record_batch(batch))
             progress.update(len(batch))

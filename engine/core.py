@@ -12,7 +12,7 @@ One loop iteration: the scheduler applies aborts/retraction/flushes and admits; 
 requests already decoding), a request whose prefill completes joins the batch, and one decode step
 runs over every running request.
 
-Weight-sync contract (used by `rlgw.engine.weight_sync_routes` and `/update_weights_from_disk`):
+Weight-sync contract (used by `rlgw.sync.engine_routes` and `/update_weights_from_disk`):
 - `await pause(mode)` / `await resume()`: SGLang's three pause modes (see the scheduler).
 - `flush_cache() -> bool`: drops every kept KV; False (nothing done) while requests are running and
   the engine is not paused.

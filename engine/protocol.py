@@ -1,6 +1,6 @@
 """SGLang's `/generate` wire shapes: parse a request body into per-sample specs, render outputs.
 
-Owns the JSON contract of `/generate` (see `shared/reference/SGLANG_PROTOCOL.md` section 1): single,
+Owns the JSON contract of `/generate` (see `docs/SGLANG_PROTOCOL.md` section 1): single,
 batch and n > 1 inputs, per-item fields, rid rules, the error bodies, and the response/chunk shapes
 (`text`, `output_ids`, `meta_info` with finish_reason, token counts, logprob triples). It does not
 run anything: the engine core generates, the server moves bytes.

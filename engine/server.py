@@ -5,8 +5,9 @@ connection (a client that disconnects aborts its requests). Generation, queueing
 the engine's (`rlgw.engine.core`); wire shapes are `rlgw.engine.protocol`'s; the error tree is
 `rlgw.engine.errors`'. Routers: `generation` (/generate, /abort_request), `health` (/health,
 /health_generate, /ready), `info` (model and server info), `control` (pause, continue, flush,
-/update_weights_from_disk); the weight-sync transports are `rlgw.engine.weight_sync_routes.router`.
-`create_app(engine)` stores the engine in `app.state.engine` and mounts them all.
+/update_weights_from_disk). `create_app(engine, routers)` stores the engine in `app.state.engine` and
+mounts them all, plus the routers it is given (`rlgw engine` adds the weight-sync transports,
+`rlgw.sync.engine_routes.router`: the engine imports nothing of sync's).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from rlgw import __version__
-from rlgw.engine import weight_sync_routes
 from rlgw.engine.core import Engine
 from rlgw.engine.errors import EngineError, GrammarError, QueueFullError, RequestError, WeightUpdateError
 from rlgw.engine.grammar import constraint_of
@@ -49,12 +49,12 @@ info = APIRouter()
 control = APIRouter()
 
 
-def create_app(engine: Engine) -> FastAPI:
-    """A FastAPI app serving SGLang's native protocol from `engine`."""
+def create_app(engine: Engine, routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """A FastAPI app serving SGLang's native protocol from `engine`, and `routers` beside it."""
     app = FastAPI(title="rlgw engine", version=__version__)
     app.state.engine = engine
     app.add_exception_handler(RequestError, _request_error)
-    for router in (generation, health, info, control, weight_sync_routes.router):
+    for router in (generation, health, info, control, *routers):
         app.include_router(router)
     return app
 

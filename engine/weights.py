@@ -4,7 +4,7 @@ Owns the checks that make a weight update all-or-nothing (every name, shape and 
 parameters, validated before any byte is copied) and the reading of a checkpoint directory (one
 file, several, or index-sharded). Knows nothing about requests or the step loop: `Engine.update_weights`
 (`rlgw.engine.core`) holds admission, waits for a quiet moment and takes the step lock around `apply`;
-the sync transports (`rlgw.engine.weight_sync_routes`) only hand in named tensors.
+the sync transports (`rlgw.sync.engine_routes`) only hand in named tensors.
 """
 
 from __future__ import annotations

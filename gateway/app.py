@@ -22,32 +22,31 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from rlgw.gateway import (
-    admin_api,
-    anthropic_api,
-    completions,
-    openai_api,
-    ops_api,
-    responses_api,
-    sessions_api,
-    trajectories_api,
-    viewer,
-)
-from rlgw.gateway.backend import SGLangBackend
-from rlgw.gateway.body_limits import RequestCaps
-from rlgw.gateway.edge import Edge
-from rlgw.gateway.errors import StartupError, UpstreamError, install_error_handlers, json_response
-from rlgw.gateway.httpio import SESSION_ROUTES
-from rlgw.gateway.journal import SessionJournal
-from rlgw.gateway.ledger import Policy
-from rlgw.gateway.limits import Limits, LimitTable, RateLimited, handle_rate_limited
+from rlgw.gateway.engine_client.backend import SGLangBackend
+from rlgw.gateway.errors import StartupError, UpstreamError
+from rlgw.gateway.http.body_limits import RequestCaps
+from rlgw.gateway.http.errors import install_error_handlers, json_response
+from rlgw.gateway.ledger.ledger import Policy
 from rlgw.gateway.metrics import MeteredBackend
-from rlgw.gateway.profile import ModelProfile, build_profile
-from rlgw.gateway.sessions import SessionTable
-from rlgw.gateway.store import TrajectoryStore
-from rlgw.gateway.template_probe import probe_template
-from rlgw.gateway.tenant_store import TenantStore
-from rlgw.gateway.tenants import KeyTable
+from rlgw.gateway.model.profile import ModelProfile, build_profile
+from rlgw.gateway.model.template_probe import probe_template
+from rlgw.gateway.ops import api as ops_api
+from rlgw.gateway.serving.edge import Edge
+from rlgw.gateway.serving.routing import SESSION_ROUTES
+from rlgw.gateway.sessions import api as sessions_api
+from rlgw.gateway.sessions.journal import SessionJournal
+from rlgw.gateway.sessions.table import SessionTable
+from rlgw.gateway.surfaces.anthropic import api as anthropic_api
+from rlgw.gateway.surfaces.chat_completions import api as openai_api
+from rlgw.gateway.surfaces.completions import api as completions
+from rlgw.gateway.surfaces.responses import api as responses_api
+from rlgw.gateway.tenancy import admin_api
+from rlgw.gateway.tenancy.limits import Limits, LimitTable
+from rlgw.gateway.tenancy.store import TenantStore
+from rlgw.gateway.tenancy.tenants import KeyTable
+from rlgw.gateway.trajectories import api as trajectories_api
+from rlgw.gateway.trajectories.store import TrajectoryStore
+from rlgw.gateway.viewer import routes as viewer
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +204,6 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.state.request_caps = config.request_caps
     app.state.template_mismatch_allowed = config.allow_template_mismatch
     install_error_handlers(app)
-    app.add_exception_handler(RateLimited, handle_rate_limited)
     # The one middleware: meter, body cap and limits for every request, and the turn routes.
     app.edge = {
         "table": app.state.limits,

@@ -1,4 +1,4 @@
-"""Errors the gateway raises, and their OpenAI-shaped HTTP form.
+"""Errors the gateway raises: one class per condition, each with its HTTP status and OpenAI body.
 
 GatewayError
 ├── APIError                       answered to the caller as OpenAI error JSON
@@ -14,18 +14,13 @@ GatewayError
 │       ├── UpstreamTimeout        504: the engine did not answer in time
 │       └── UpstreamAborted        503: the engine aborted the generation
 └── StartupError                   the gateway cannot start: a configuration problem, not an HTTP answer
+
+This module knows no web framework: the handlers that answer these errors are `http/errors.py`'s.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import orjson
-from fastapi import Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
-from starlette.exceptions import HTTPException
-from starlette.responses import Response
 
 
 class GatewayError(Exception):
@@ -49,6 +44,11 @@ class APIError(GatewayError):
     def body(self) -> dict[str, Any]:
         """The OpenAI error JSON: `{"error": {message, type, param, code}}`."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """Response headers the error needs (every surface's error format sends them)."""
+        return None
 
 
 class InvalidRequest(APIError):
@@ -126,59 +126,3 @@ class UpstreamAborted(UpstreamError):
 
 class StartupError(GatewayError):
     """The gateway cannot start: the engine, tokenizer or template is missing or unusable."""
-
-
-def json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
-    """A JSON response encoded with orjson."""
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
-
-
-async def handle_api_error(request: Request, exc: Exception) -> Response:
-    """FastAPI handler: `APIError` -> its status and OpenAI body."""
-    assert isinstance(exc, APIError)
-    return json_response(exc.status, exc.body())
-
-
-_HTTP_ERROR_TYPES = {404: "not_found_error", 405: "method_not_allowed", 413: "request_too_large"}
-
-
-async def handle_http_exception(request: Request, exc: Exception) -> Response:
-    """Starlette's and FastAPI's `HTTPException` (unknown route 404, wrong method 405, ...) ->
-    OpenAI body; a dict `detail` is the error object. Headers such as `Allow` are kept."""
-    assert isinstance(exc, HTTPException)
-    detail = exc.detail
-    if not isinstance(detail, dict):
-        status = exc.status_code
-        message = str(detail)
-        if status == 404:
-            message = f"no route {request.method} {request.url.path}"
-        elif status == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
-        detail = {
-            "message": message,
-            "type": _HTTP_ERROR_TYPES.get(status, "invalid_request_error"),
-            "param": None,
-            "code": None,
-        }
-    return json_response(exc.status_code, {"error": detail}, headers=getattr(exc, "headers", None))
-
-
-async def handle_validation_error(request: Request, exc: Exception) -> Response:
-    """Request validation errors (FastAPI's or pydantic's) -> 400 with the first problem named."""
-    assert isinstance(exc, RequestValidationError | ValidationError)
-    errors = exc.errors()
-    first = errors[0] if errors else {}
-    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    message = f"{loc}: {first.get('msg', 'invalid request')}" if loc else str(first.get("msg", "invalid"))
-    return json_response(
-        400,
-        {"error": {"message": message, "type": "invalid_request_error", "param": loc or None, "code": None}},
-    )
-
-
-def install_error_handlers(app: Any) -> None:
-    """Make every error of `app` answer in OpenAI's error format."""
-    app.add_exception_handler(APIError, handle_api_error)
-    app.add_exception_handler(HTTPException, handle_http_exception)
-    app.add_exception_handler(RequestValidationError, handle_validation_error)
-    app.add_exception_handler(ValidationError, handle_validation_error)

@@ -48,6 +48,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rlgw.gateway.errors import UpstreamError
+
 # One registry per process (Prometheus' model: a scrape describes the process). It is not the
 # library's global default, so importing rlgw never adds metrics to a host application's.
 REGISTRY = CollectorRegistry()
@@ -157,6 +159,32 @@ def turn_recorded(recorded: int, trainable: int) -> None:
 def engine_error(kind: str) -> None:
     """Count one failed engine call of `kind` (an error code such as `engine_timeout`)."""
     ENGINE_ERRORS.labels(kind).inc()
+
+
+class TurnInFlight:
+    """A running turn, as a context manager: counted in the in-flight gauge, and on the way out
+    an engine failure counted by kind. One instance serves every turn (it holds nothing)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> TurnInFlight:
+        TURNS_IN_FLIGHT.inc()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        TURNS_IN_FLIGHT.dec()
+        if isinstance(exc, UpstreamError):
+            engine_error(exc.code or exc.type)
+
+
+TURN_IN_FLIGHT = TurnInFlight()
+
+
+def turn_generated(surface: str, generated: int) -> None:
+    """A committed turn on `surface` generated `generated` tokens; its request is metered as a
+    turn (its added time, by surface)."""
+    GENERATED_TOKENS.inc(generated)
+    mark_turn(surface)
 
 
 def reject(reason: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rlgw.gateway.client import GatewayClient, RejectedSegment, SessionInfo, StoredTrajectory
+from rlgw.gateway.trajectories.client import GatewayClient, RejectedSegment, SessionInfo, StoredTrajectory
 
 if TYPE_CHECKING:
     from rlgw.sandboxes.factory import SandboxSpec

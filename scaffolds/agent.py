@@ -37,7 +37,7 @@ RESULT_OUTPUT_CHARS = 4000
 
 
 class GatewaySessions(Protocol):
-    """The part of `rlgw.gateway.client.GatewayClient` the runner uses."""
+    """The part of `rlgw.gateway.trajectories.client.GatewayClient` the runner uses."""
 
     async def create_session(self, task_id: str, **kwargs: Any) -> Any: ...
 

@@ -1,4 +1,4 @@
-"""The `rlgw-mini` scaffold: the built-in one-tool agent (`mini_agent.py`), installed in seconds.
+"""The `rlgw-mini` scaffold: the built-in one-tool agent (`in_sandbox/mini_agent.py`), installed in seconds.
 
 Install copies the agent script into the sandbox and makes sure `openai` imports there;
 run points it at the endpoint through OPENAI_BASE_URL / OPENAI_API_KEY. Its JSONL log's
@@ -9,14 +9,14 @@ forced. This module knows nothing about sandboxes or the gateway.
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 import orjson
 
+from rlgw.scaffolds.in_sandbox import IN_SANDBOX
 from rlgw.scaffolds.scaffold import InstalledScaffold, ScaffoldContext, TrajectoryInfo
 from rlgw.scaffolds.termination import TerminationReason
 
-AGENT_SOURCE = Path(__file__).with_name("mini_agent.py")
+AGENT_SOURCE = IN_SANDBOX / "mini_agent.py"
 _EVENT_SIGNALS = {
     "finish": TerminationReason.FINISH,
     "max_turns": TerminationReason.MAX_TURNS,

@@ -10,7 +10,7 @@ those settings are left to the user. Its local runtime drives a shell through tm
 the sandbox's teardown kills them. After the run, the events OpenHands persisted under its
 file store are merged into one JSON list (the saved trajectory lacks the state changes).
 
-V1 (the `openhands` 1.16 CLI) runs through `openhands_v1_launcher.py`, which writes the agent
+V1 (the `openhands` 1.16 CLI) runs through `in_sandbox/openhands_v1_launcher.py`, which writes the agent
 settings file the CLI reads (the LLM on the endpoint, the run's sampling, the condenser off
 when capturing) and sets the turn limit the CLI has no option for; the conversation's own
 state is copied out so the settings can be checked (`TrajectoryInfo.detail`).
@@ -22,12 +22,12 @@ events (`openhands_events`). This module knows nothing about sandboxes or the ga
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from rlgw.scaffolds.install import uv_install, version_check
+from rlgw.scaffolds.in_sandbox import IN_SANDBOX
+from rlgw.scaffolds.install import venv_install, version_check
 from rlgw.scaffolds.openhands_events import (
     load_json_list,
     load_jsonl,
@@ -43,7 +43,7 @@ from rlgw.scaffolds.scaffold import (
     TrajectoryInfo,
 )
 
-V1_LAUNCHER_SOURCE = Path(__file__).with_name("openhands_v1_launcher.py")
+V1_LAUNCHER_SOURCE = IN_SANDBOX / "openhands_v1_launcher.py"
 DEFAULT_VERSIONS = {"v0": "0.59.0", "v1": "1.16.0"}
 # OpenAI sampling names -> V0's LLM config variables.
 _V0_SAMPLING_ENV = {
@@ -124,7 +124,7 @@ class OpenHandsScaffold(InstalledScaffold):
         dist = "openhands-ai" if self.version == "v0" else "openhands"
         # The version, not an import: importing OpenHands costs many seconds on a busy machine.
         check = f"{py} -c {shlex.quote(version_check(dist, self.openhands_version))}"
-        commands = [uv_install(self.venv, f"{dist}=={self.openhands_version}", check), check]
+        commands = [venv_install(self.venv, f"{dist}=={self.openhands_version}", check), check]
         if self.version == "v0":
             # V0's local runtime runs its shell in tmux through libtmux.
             commands.append(f"tmux -V && {py} -c 'import libtmux'")

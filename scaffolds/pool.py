@@ -38,7 +38,7 @@ class RunSpec:
 async def run_local(spec: RunSpec, tasks: Sequence[Task], *, concurrency: int, progress: bool = True,
                     group_index: int = 0) -> list[RunResult]:  # fmt: skip
     """Run every task with at most `concurrency` at a time in this event loop."""
-    from rlgw.gateway.client import GatewayClient
+    from rlgw.gateway.trajectories.client import GatewayClient
 
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
+from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.mini import MiniScaffold
+from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.openhands import OpenHandsScaffold
 from rlgw.scaffolds.scaffold import InstalledScaffold
 from rlgw.scaffolds.terminus import Terminus2Scaffold
@@ -13,6 +16,9 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     MiniScaffold.name: MiniScaffold,
     OpenHandsScaffold.name: OpenHandsScaffold,
     Terminus2Scaffold.name: Terminus2Scaffold,
+    ClaudeCodeScaffold.name: ClaudeCodeScaffold,
+    CodexScaffold.name: CodexScaffold,
+    OpencodeScaffold.name: OpencodeScaffold,
 }
 
 

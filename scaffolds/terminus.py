@@ -1,7 +1,7 @@
 """Terminus-2 (harbor / terminal-bench) as an installed scaffold.
 
 Installs `harbor` (Python >= 3.12) and tmux in the sandbox (nothing when the venv already
-imports Terminus-2) and runs `terminus_launcher.py` there, pointed at the endpoint (LiteLLM's
+imports Terminus-2) and runs `in_sandbox/terminus_launcher.py` there, pointed at the endpoint (LiteLLM's
 `openai/` provider, `OPENAI_API_KEY`), each run with its own tmux server, the run's sampling
 passed through Terminus-2's own settings.
 Capture forces `enable_summarize` off (a user who turned it on gets
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import orjson
 
-from rlgw.scaffolds.install import uv_install, version_check
+from rlgw.scaffolds.in_sandbox import IN_SANDBOX
+from rlgw.scaffolds.install import venv_install, version_check
 from rlgw.scaffolds.scaffold import (
     CaptureConflictError,
     InstalledScaffold,
@@ -31,7 +31,7 @@ from rlgw.scaffolds.scaffold import (
 )
 from rlgw.scaffolds.termination import TerminationReason
 
-LAUNCHER_SOURCE = Path(__file__).with_name("terminus_launcher.py")
+LAUNCHER_SOURCE = IN_SANDBOX / "terminus_launcher.py"
 _CONTEXT = re.compile(r"ContextLengthExceededError|context length exceeded|context_length_exceeded", re.I)
 
 
@@ -70,7 +70,7 @@ class Terminus2Scaffold(InstalledScaffold):
         return [
             "command -v tmux >/dev/null || (apt-get update -qq && "
             "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux)",
-            uv_install(self.venv, f"harbor=={self.harbor_version}", check),
+            venv_install(self.venv, f"harbor=={self.harbor_version}", check),
             check,
         ]
 

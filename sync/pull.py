@@ -7,7 +7,7 @@ version, applies the deltas in order, and only then renames the finished directo
 The committed local versions are never modified, so a crash at any point leaves the previous version
 intact and a retry starts over cleanly; a version already committed is a no-op (an XOR is never
 applied twice). Pulls into one local directory are serialized by a lock file. Reloading the engine is
-the caller's job (`rlgw.engine.weight_sync_routes`).
+the caller's job (`rlgw.sync.engine_routes`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.delta import apply_delta
 from rlgw.sync.errors import CheckpointError, VersionError
-from rlgw.sync.fileio import Progress
 from rlgw.sync.full import copy_verified, verify_version
+from rlgw.sync.parallel import Progress
 
 log = logging.getLogger(__name__)
 

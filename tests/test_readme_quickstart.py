@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlgw.gateway.store import TrajectoryStore
+from rlgw.gateway.trajectories.store import TrajectoryStore
 from tests.support.procs import FIXTURES, REPO, free_port, rlgw_process
 from tests.support.sample_factory import make_sample
 

@@ -17,22 +17,7 @@ from torch import Tensor
 
 from rlgw.gateway.sample import Sample
 from rlgw.trainer.losses import grpo_advantages
-
-
-@dataclass(slots=True)
-class Rollout:
-    """One task run in a step: its segments in order, its reward and its GRPO group."""
-
-    rollout_id: str
-    group: int
-    reward: float
-    segments: list[Sample]
-    advantage: float = 0.0
-
-    @property
-    def trainable_tokens(self) -> int:
-        """Trainable tokens over all segments (the rollout's per-rollout-mean denominator)."""
-        return int(sum(int(s.loss_mask.sum()) for s in self.segments))
+from rlgw.trainer.rollout import Rollout
 
 
 @dataclass(slots=True)

@@ -14,10 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlgw.trainer.consumer import AcceptancePolicy, Action
-from rlgw.trainer.losses import Reduction
-from rlgw.trainer.objective import LossConfig
 from rlgw.trainer.rollouts import ChatRollouts, RolloutSource, ScaffoldRollouts, WordTask
-from rlgw.trainer.torch_trainer import OptimConfig
+from rlgw.trainer.settings import LossConfig, OptimConfig, Reduction
 
 
 class _Strict(BaseModel):
@@ -66,7 +64,7 @@ class LossSpec(_Strict):
 
 
 class OptimSpec(_Strict):
-    """AdamW; see `rlgw.trainer.torch_trainer.OptimConfig`."""
+    """AdamW; see `rlgw.trainer.settings.OptimConfig`."""
 
     lr: float = Field(1e-5, ge=0)
     weight_decay: float = 0.0

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rlgw.gateway.client import GatewayClient, StoredTrajectory
 from rlgw.gateway.sample import Sample, SampleStatus
-from rlgw.trainer.batch import Rollout
+from rlgw.gateway.trajectories.client import GatewayClient, StoredTrajectory
+from rlgw.trainer.rollout import Rollout
 
 
 class Action(enum.StrEnum):

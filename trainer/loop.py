@@ -31,8 +31,8 @@ import orjson
 import torch
 from tqdm import tqdm
 
-from rlgw.gateway.client import GatewayClient, StoredTrajectory
 from rlgw.gateway.sample import Sample
+from rlgw.gateway.trajectories.client import GatewayClient, StoredTrajectory
 from rlgw.trainer.base import Trainer
 from rlgw.trainer.batch import build_step
 from rlgw.trainer.config import TrainConfig
@@ -110,7 +110,7 @@ class WeightSync:
 async def _connect_teacher(cfg: TrainConfig, svc: Services) -> Any:
     from transformers import AutoTokenizer
 
-    from rlgw.gateway.teacher import TeacherBackend
+    from rlgw.gateway.teacher.client import TeacherBackend
 
     assert cfg.teacher is not None
     url = svc.engine_urls[0] if cfg.teacher.url == "engine" else cfg.teacher.url

@@ -9,22 +9,10 @@ rollout split into segments (in different micro-batches or not) counts exactly l
 
 from __future__ import annotations
 
-import enum
-
 import torch
 from torch import Tensor
 
-
-class Reduction(enum.StrEnum):
-    """How per-token terms become one loss.
-
-    PER_ROLLOUT_MEAN: mean over each rollout's trainable tokens, then mean over rollouts (every
-    segment of a rollout shares the rollout's denominator). PER_TOKEN: mean over all trainable
-    tokens of the step (long rollouts weigh more).
-    """
-
-    PER_ROLLOUT_MEAN = "per_rollout_mean"
-    PER_TOKEN = "per_token"
+from rlgw.trainer.settings import Reduction
 
 
 def grpo_advantages(

@@ -8,37 +8,12 @@ Backends (PyTorch, Megatron) only produce logits and apply the optimizer; this m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 from torch import Tensor
 
 from rlgw.trainer import losses
 from rlgw.trainer.batch import MicroBatch
-from rlgw.trainer.losses import Reduction
-
-
-@dataclass(frozen=True, slots=True)
-class LossConfig:
-    """Objective settings.
-
-    `old_log_probs`: "rollout" takes the engine's `rollout_log_probs` as pi_old (the ratio is 1
-    exactly when trainer and engine agree); "recompute" takes the trainer's own logprobs before the
-    update as pi_old and corrects the engine/trainer gap with truncated IS (`tis_cap`).
-    `kl_source`: "teacher" uses the samples' `teacher_log_probs`, "reference" a frozen copy of the
-    initial policy (the trainer computes it).
-    """
-
-    reduction: Reduction = Reduction.PER_ROLLOUT_MEAN
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    old_log_probs: Literal["rollout", "recompute"] = "rollout"
-    tis_cap: float | None = None
-    kl_coef: float = 0.0
-    kl_source: Literal["teacher", "reference"] = "reference"
-    entropy_coef: float = 0.0
+from rlgw.trainer.settings import LossConfig
 
 
 def token_log_probs(logits: Tensor, input_ids: Tensor) -> Tensor:

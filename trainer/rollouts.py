@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlgw.gateway.client import GatewayClient
+from rlgw.gateway.trajectories.client import GatewayClient
 
 
 @dataclass(slots=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,18 +18,7 @@ from torch import Tensor
 
 from rlgw.trainer.batch import MicroBatch, StepBatch
 from rlgw.trainer.objective import LossConfig, merge_metrics, micro_batch_loss, token_log_probs
-
-
-@dataclass(frozen=True, slots=True)
-class OptimConfig:
-    """AdamW settings; `grad_clip` is a max global grad norm (None: no clipping)."""
-
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    grad_clip: float | None = 1.0
-
+from rlgw.trainer.settings import OptimConfig
 
 _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 

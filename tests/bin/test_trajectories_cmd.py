@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlgw.gateway.sample import Sample
-from rlgw.gateway.store import TrajectoryStore
+from rlgw.gateway.trajectories.store import TrajectoryStore
 from tests.support.sample_factory import assert_same_sample, make_sample
 
 

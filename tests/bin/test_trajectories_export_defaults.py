@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
-from rlgw.gateway.store import TrajectoryStore
+from rlgw.gateway.trajectories.store import TrajectoryStore
 from tests.support.sample_factory import make_sample
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from rlgw.gateway.store import TrajectoryStore
+from rlgw.gateway.trajectories.store import TrajectoryStore
 from tests.support.procs import FIXTURES, free_port, rlgw_process
 from tests.support.viewer_samples import tool_conversation
 

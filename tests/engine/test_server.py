@@ -1,6 +1,6 @@
 """Protocol conformance of a real `rlgw engine` subprocess (tiny random Qwen3 with the real tokenizer).
 
-Shapes and finish reasons follow `shared/reference/SGLANG_PROTOCOL.md`; logprobs are checked against
+Shapes and finish reasons follow `docs/SGLANG_PROTOCOL.md`; logprobs are checked against
 teacher forcing of the same tokens; abort, pause/continue, queue bounds and errors end to end.
 """
 

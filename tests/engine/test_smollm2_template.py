@@ -16,10 +16,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from rlgw.engine import models
-from rlgw.gateway.output_parser import OutputParser
-from rlgw.gateway.render import ChatRenderer, TemplateConfig
-from rlgw.gateway.template_probe import probe_template
-from rlgw.gateway.tool_calls import detect_tool_format
+from rlgw.gateway.model.render import ChatRenderer, TemplateConfig
+from rlgw.gateway.model.template_probe import probe_template
+from rlgw.gateway.parsing.output_parser import OutputParser
+from rlgw.gateway.parsing.tool_calls import detect_tool_format
 
 TEMPLATE = models.SMOLLM2_TEMPLATE.read_text()
 TOOLS = [

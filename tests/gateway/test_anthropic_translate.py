@@ -9,9 +9,9 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from rlgw.gateway import anthropic_translate as at
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.openai_api import ChatCompletionRequest, chat_params
+from rlgw.gateway.surfaces.anthropic import translate as at
+from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params
 from tests.support import surface_chunks as sc
 
 CONVERSATION: list[dict[str, Any]] = [

@@ -19,7 +19,7 @@ import anthropic
 import numpy as np
 import pytest
 
-from rlgw.gateway.anthropic_translate import MessagesInput, chat_request
+from rlgw.gateway.surfaces.anthropic.translate import MessagesInput, chat_request
 from tests.support.e2e import Stack, finish, mask_runs, open_session, stack, stored
 
 pytestmark = pytest.mark.slow

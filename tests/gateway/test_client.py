@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import respx
 
-from rlgw.gateway.client import (
+from rlgw.gateway.trajectories.client import (
     FinishSummary,
     GatewayClient,
     GatewayConnectionError,
@@ -19,7 +19,7 @@ from rlgw.gateway.client import (
     GatewayServerError,
     RejectedSegment,
 )
-from rlgw.gateway.store import TrajectoryStore
+from rlgw.gateway.trajectories.store import TrajectoryStore
 from tests.support.sample_factory import assert_same_sample, make_sample
 from tests.support.trajectory_app import serve, trajectory_app
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from rlgw.gateway.detokenize import IncrementalDetokenizer
+from rlgw.gateway.parsing.detokenize import IncrementalDetokenizer
 from tests.support.procs import FIXTURES
 from tests.support.real_tokenizers import qwen3_tokenizer
 

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from rlgw.gateway import fast_tokenizer
-from rlgw.gateway.fast_tokenizer import (
+from rlgw.gateway.model import fast_tokenizer
+from rlgw.gateway.model.fast_tokenizer import (
     FastokensEncoder,
     HFEncoder,
     TextEncoder,
@@ -307,7 +307,7 @@ def test_a_self_check_difference_falls_back(tiny_qwen3: Path, monkeypatch, caplo
 
 
 def test_the_gateway_profile_renders_with_the_selected_encoder(tiny_qwen3: Path, tiny_chatml: Path) -> None:
-    from rlgw.gateway.profile import build_profile
+    from rlgw.gateway.model.profile import build_profile
 
     qwen = build_profile({"tokenizer_path": str(tiny_qwen3), "max_context_length": 4096})
     assert qwen.renderer.encoder_name == "fastokens"

@@ -20,9 +20,12 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from bench.stub_engine import build_app as build_stub_engine
-from rlgw.gateway import anthropic_translate, completions, openai_api, responses_translate
 from rlgw.gateway.app import GatewayConfig, create_app
-from rlgw.gateway.body_limits import RequestCaps
+from rlgw.gateway.http.body_limits import RequestCaps
+from rlgw.gateway.surfaces.anthropic import translate as anthropic_translate
+from rlgw.gateway.surfaces.chat_completions import api as openai_api
+from rlgw.gateway.surfaces.completions import api as completions
+from rlgw.gateway.surfaces.responses import translate as responses_translate
 from tests.support.procs import serve_in_thread
 
 TENANT_KEY = "fuzz-tenant-key-0123456789"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from rlgw.gateway import ledger as ledger_mod
-from rlgw.gateway.ledger import Cause, Ledger, Synced, TurnCommit, Violation, history_print
+from rlgw.gateway.ledger import ledger as ledger_mod
+from rlgw.gateway.ledger.ledger import Cause, Ledger, Synced, TurnCommit, Violation, history_print
 
 CALL = "call_" + "a" * 24
 SYSTEM = {"role": "system", "content": "You are terse."}

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rlgw.gateway.ledger import Ledger, TurnCommit, Violation
+from rlgw.gateway.ledger.ledger import Ledger, TurnCommit, Violation
 
 USER = {"role": "user", "content": "Weather in Paris and Rome?"}
 

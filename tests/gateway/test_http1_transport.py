@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from rlgw.gateway.http1_transport import Http1Transport
-from rlgw.gateway.transport import ConnectFailed, ReadTimeout, TransportError
+from rlgw.gateway.engine_client.http1_transport import Http1Transport
+from rlgw.gateway.engine_client.transport import ConnectFailed, ReadTimeout, TransportError
 from tests.support.procs import free_port, serve_in_thread
 
 PEERS: list[tuple[str, int]] = []  # the client address of every request the server saw

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from rlgw.gateway.backend import new_rid
-from rlgw.gateway.chat import tool_call_id
+from rlgw.gateway.engine_client.backend import new_rid
 from rlgw.gateway.ids import fresh_hex
+from rlgw.gateway.turns.messages import tool_call_id
 
 
 def test_ids_are_unique_and_keep_their_shapes() -> None:

@@ -7,8 +7,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlgw.gateway.backend import SGLangBackend
-from rlgw.gateway.ids_json import IdsJsonCache
+from rlgw.gateway.engine_client.backend import SGLangBackend
+from rlgw.gateway.engine_client.ids_json import IdsJsonCache
 
 ID = st.integers(min_value=0, max_value=2**31 - 1)
 # What the next call of a session sends, relative to its last one.

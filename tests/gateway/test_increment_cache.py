@@ -15,10 +15,10 @@ import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from rlgw.gateway import render as render_module
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.increment_cache import IncrementCache, build_skeleton, guarded_template
-from rlgw.gateway.render import ChatRenderer, TemplateConfig
+from rlgw.gateway.model import render as render_module
+from rlgw.gateway.model.increment_cache import IncrementCache, build_skeleton, guarded_template
+from rlgw.gateway.model.render import ChatRenderer, TemplateConfig
 from tests.support.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
 
 ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -117,7 +117,7 @@ def test_a_read_no_check_sees_is_caught_by_the_first_render_or_the_sampled_ones(
     cache = IncrementCache(verify_every=4)
     outputs = [render.text(cache, "ctx", [tool(c)]) for c in ["ok", "fine", "good", "ERROR: y"]]
     assert cache.usable() == 1  # "ok" kept it; the next three were filled
-    with caplog.at_level(logging.ERROR, logger="rlgw.gateway.increment_cache"):
+    with caplog.at_level(logging.ERROR, logger="rlgw.gateway.model.increment_cache"):
         caught = render.text(cache, "ctx", [tool("ERROR: z")])  # the 4th fill is verified
     assert outputs[:3] == [render([tool(c)]) for c in ["ok", "fine", "good"]]
     assert caught == render([tool("ERROR: z")]) and cache.usable() == 0
@@ -188,7 +188,7 @@ def test_a_placeholder_render_that_fails_otherwise_leaves_no_skeleton(caplog) ->
     def broken(messages: list[dict]) -> str:
         raise RuntimeError("a bug in the copy")
 
-    with caplog.at_level(logging.WARNING, logger="rlgw.gateway.increment_cache"):
+    with caplog.at_level(logging.WARNING, logger="rlgw.gateway.model.increment_cache"):
         assert build_skeleton(broken, [tool("x")]) is None
     assert "RuntimeError: a bug in the copy" in caplog.text
 

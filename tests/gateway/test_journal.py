@@ -1,5 +1,5 @@
 """Crash safety: `kill -9` of the gateway mid-session, a restart on the same data dir, and the
-agent's next call (same base URL, same key) continues the same ledger (`gateway/journal.py`)."""
+agent's next call (same base URL, same key) continues the same ledger (`gateway/sessions/journal.py`)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import orjson
 import pytest
 from transformers import AutoTokenizer
 
-from rlgw.gateway import journal as journal_module
-from rlgw.gateway.journal import SessionJournal
+from rlgw.gateway.sessions import journal as journal_module
+from rlgw.gateway.sessions.journal import SessionJournal
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stored, tool_result
 from tests.support.procs import engine_server, free_port, wait_healthy

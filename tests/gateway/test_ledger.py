@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlgw.gateway.ledger import Ledger, TurnCommit, Violation
+from rlgw.gateway.ledger.ledger import Ledger, TurnCommit, Violation
 from rlgw.gateway.sample import SampleStatus, validate_sample
 
 SYSTEM = {"role": "system", "content": "You are terse."}

@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rlgw.gateway.ledger import (
+from rlgw.gateway.content import content_text
+from rlgw.gateway.ledger.ledger import (
     Cause,
     Ledger,
     TurnCommit,
     Violation,
     canonical_arguments,
-    content_text,
     message_digest,
     tools_digest,
 )

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from rlgw.gateway.limits import Limits, LimitTable, RateLimited, TokenWindow
+from rlgw.gateway.tenancy.limits import Limits, LimitTable, RateLimited, TokenWindow
 from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.gateway_proc import Gateway, gateway
 

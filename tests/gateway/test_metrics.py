@@ -16,8 +16,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from rlgw.gateway import metrics
-from rlgw.gateway.edge import Edge
-from rlgw.gateway.limits import LimitTable, turn_generated
+from rlgw.gateway.serving.edge import Edge
+from rlgw.gateway.tenancy.limits import LimitTable
 from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.gateway_proc import Gateway, gateway
 
@@ -53,7 +53,7 @@ async def test_meter_splits_a_turn_into_engine_and_gateway_time() -> None:
         await backend.generate([1, 2], {})
         got = [u async for u in backend.stream([1, 2], {})]
         assert got == [0, 1, 2]
-        turn_generated("t", "unit", 5)
+        metrics.turn_generated("unit", 5)
         return PlainTextResponse("ok")
 
     async def not_a_turn(request: Request) -> PlainTextResponse:

@@ -4,7 +4,7 @@ that sends back exactly the text it was given)."""
 
 from __future__ import annotations
 
-from rlgw.gateway.ledger import Ledger
+from rlgw.gateway.ledger.ledger import Ledger
 from rlgw.gateway.sample import VersionSpan, validate_sample
 from tests.gateway.test_ledger_edges import turn
 

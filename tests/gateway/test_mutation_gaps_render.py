@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.render import ChatRenderer, TemplateConfig, TemplateIncompatible, read_chat_template
+from rlgw.gateway.model.render import ChatRenderer, TemplateConfig, TemplateIncompatible, read_chat_template
 
 # A ChatML-like template that closes turns with a plain added token instead of <|im_end|>.
 TURN_END = "<turn_end>"

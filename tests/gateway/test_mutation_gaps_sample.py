@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlgw.gateway.ledger import Ledger, TurnCommit
-from rlgw.gateway.render import ChatRenderer
+from rlgw.gateway.ledger.ledger import Ledger, TurnCommit
+from rlgw.gateway.model.render import ChatRenderer
 from rlgw.gateway.sample import RejectReason, Sample, validate_sample
 from tests.gateway.test_sample_validation import VOCAB, rejected, with_logprob
 from tests.support.real_tokenizers import qwen3_tokenizer

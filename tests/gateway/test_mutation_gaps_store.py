@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlgw.gateway.store import TrajectoryStore
+from rlgw.gateway.trajectories.store import TrajectoryStore
 from tests.gateway.test_store_edges import sample
 
 

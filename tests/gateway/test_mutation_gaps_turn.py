@@ -1,4 +1,4 @@
-"""The turn lifecycle (`gateway/turn.py`) in process: the scope's counters and lock, the policy's
+"""The turn lifecycle (`gateway/turns/lifecycle.py`) in process: the scope's counters and lock, the policy's
 decision, retry versus concurrent duplicates, the sampling parameters at the context boundary,
 and what a commit does to the ledger, the session, the journal and the metrics.
 
@@ -17,18 +17,18 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from rlgw.gateway.backend import GenerationResult
+from rlgw.gateway.engine_client.backend import GenerationResult
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded
-from rlgw.gateway.journal import SessionJournal
-from rlgw.gateway.ledger import Cause, Ledger, Policy, Violation, history_print
+from rlgw.gateway.ledger.ledger import Cause, Ledger, Policy, Violation, history_print
 from rlgw.gateway.metrics import REGISTRY
-from rlgw.gateway.profile import ModelProfile
-from rlgw.gateway.render import ChatRenderer
-from rlgw.gateway.sessions import Mode, Session
-from rlgw.gateway.turn import (
+from rlgw.gateway.model.profile import ModelProfile
+from rlgw.gateway.model.render import ChatRenderer
+from rlgw.gateway.sessions.journal import SessionJournal
+from rlgw.gateway.sessions.replay import apply_record
+from rlgw.gateway.sessions.table import Mode, Session
+from rlgw.gateway.turns.lifecycle import (
     Plan,
     Turn,
-    apply_record,
     commit,
     decide,
     duplicate_cause,

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rlgw.gateway.store import DB_NAME
+from rlgw.gateway.trajectories.store import DB_NAME
 from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.gateway_proc import Gateway, gateway
 

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from rlgw.gateway.detokenize import IncrementalDetokenizer
-from rlgw.gateway.output_parser import OutputParser, ParsedOutput, ParserEvent
-from rlgw.gateway.reasoning import detect_reasoning
-from rlgw.gateway.tool_calls import (
+from rlgw.gateway.parsing.detokenize import IncrementalDetokenizer
+from rlgw.gateway.parsing.output_parser import OutputParser, ParsedOutput, ParserEvent
+from rlgw.gateway.parsing.reasoning import detect_reasoning
+from rlgw.gateway.parsing.tool_calls import (
     convert_value,
     detect_tool_format,
     normalize_tool_format,

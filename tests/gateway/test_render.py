@@ -19,7 +19,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.render import (
+from rlgw.gateway.model.render import (
     SENTINEL,
     ChatRenderer,
     TemplateConfig,

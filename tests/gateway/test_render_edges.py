@@ -8,7 +8,12 @@ import jinja2
 import pytest
 
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.render import ChatRenderer, TemplateConfig, TemplateIncompatible, check_template_kwargs
+from rlgw.gateway.model.render import (
+    ChatRenderer,
+    TemplateConfig,
+    TemplateIncompatible,
+    check_template_kwargs,
+)
 from tests.support.real_tokenizers import qwen3_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

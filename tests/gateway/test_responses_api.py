@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from rlgw.gateway.responses_translate import chat_messages
+from rlgw.gateway.surfaces.responses.translate import chat_messages
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stack, stored
 from tests.support.surface_e2e import chat_reply, result_text

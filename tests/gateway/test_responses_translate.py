@@ -10,9 +10,9 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from rlgw.gateway import responses_translate as rt
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.openai_api import ChatCompletionRequest, chat_params
+from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params
+from rlgw.gateway.surfaces.responses import translate as rt
 from tests.support import surface_chunks as sc
 
 ITEMS: list[dict[str, Any]] = [

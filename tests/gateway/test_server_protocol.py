@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from rlgw.gateway.server_protocol import CoalescingHttpToolsProtocol, HeadWithBodyTransport
+from rlgw.gateway.http.server_protocol import CoalescingHttpToolsProtocol, HeadWithBodyTransport
 from tests.support.procs import free_port
 
 WRITES: list[bytes] = []

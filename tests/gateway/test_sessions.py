@@ -7,8 +7,8 @@ import time
 import pytest
 
 from rlgw.gateway.errors import Conflict, NotFound
-from rlgw.gateway.ledger import Policy
-from rlgw.gateway.sessions import Mode, SessionTable
+from rlgw.gateway.ledger.ledger import Policy
+from rlgw.gateway.sessions.table import Mode, SessionTable
 
 
 def _open(table: SessionTable, tenant: str = "a", mode: Mode = Mode.CAPTURE):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 from fastapi import FastAPI
 
-from rlgw.gateway import sessions_api
-from rlgw.gateway.errors import install_error_handlers
-from rlgw.gateway.tenants import KeyTable
+from rlgw.gateway.http.errors import install_error_handlers
+from rlgw.gateway.sessions import api as sessions_api
+from rlgw.gateway.tenancy.tenants import KeyTable
 
 
 def _app() -> FastAPI:

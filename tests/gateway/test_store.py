@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rlgw.gateway.sample import SampleStatus
-from rlgw.gateway.store import (
+from rlgw.gateway.trajectories.store import (
     DB_NAME,
     StoreError,
     TrajectoryStore,

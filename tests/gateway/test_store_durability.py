@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
-from rlgw.gateway.store import DB_NAME, TrajectoryStore
+from rlgw.gateway.trajectories.store import DB_NAME, TrajectoryStore
 from tests.support.procs import REPO
 
 SEGMENTS = 3

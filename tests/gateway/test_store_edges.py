@@ -12,9 +12,15 @@ import orjson
 import pytest
 import zstandard
 
-from rlgw.gateway import store as store_module
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
-from rlgw.gateway.store import StoreError, TrajectoryStore, decode_arrays, default_data_dir, encode_arrays
+from rlgw.gateway.trajectories import store as store_module
+from rlgw.gateway.trajectories.store import (
+    StoreError,
+    TrajectoryStore,
+    decode_arrays,
+    default_data_dir,
+    encode_arrays,
+)
 
 
 def sample(i: int, n: int = 6) -> Sample:

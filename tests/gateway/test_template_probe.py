@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from rlgw.gateway.render import ChatRenderer, TemplateConfig
-from rlgw.gateway.template_probe import probe_template
+from rlgw.gateway.model.render import ChatRenderer, TemplateConfig
+from rlgw.gateway.model.template_probe import probe_template
 from tests.support.real_tokenizers import chatml_tokenizer, qwen3_tokenizer
 
 

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from rlgw.gateway.errors import Conflict
-from rlgw.gateway.limits import Limits
-from rlgw.gateway.tenant_store import DB_NAME, TenantStore
-from rlgw.gateway.tenants import KeyTable, key_digest
+from rlgw.gateway.tenancy.limits import Limits
+from rlgw.gateway.tenancy.store import DB_NAME, TenantStore
+from rlgw.gateway.tenancy.tenants import KeyTable, key_digest
 from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.gateway_proc import Gateway, gateway
 

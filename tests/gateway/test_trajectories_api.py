@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from rlgw.gateway.sample import Sample
-from rlgw.gateway.store import TrajectoryStore
-from rlgw.gateway.trajectories_api import PAGE_ROWS
+from rlgw.gateway.trajectories.api import PAGE_ROWS
+from rlgw.gateway.trajectories.store import TrajectoryStore
 from tests.support.sample_factory import assert_same_sample, make_sample
 from tests.support.trajectory_app import serve, trajectory_app
 

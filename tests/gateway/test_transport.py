@@ -1,5 +1,5 @@
 """The engine client's policy (retries, error types, abort on cancel, stream reading) over an
-in-process transport: scripted replies, no server (`gateway/transport.py`'s seam)."""
+in-process transport: scripted replies, no server (`gateway/engine_client/transport.py`'s seam)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from rlgw.gateway.backend import SGLangBackend
+from rlgw.gateway.engine_client.backend import SGLangBackend
+from rlgw.gateway.engine_client.transport import ConnectFailed, HandlerTransport, ReadTimeout, TransportError
 from rlgw.gateway.errors import (
     InvalidRequest,
     UpstreamAborted,
@@ -18,7 +19,6 @@ from rlgw.gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreached,
 )
-from rlgw.gateway.transport import ConnectFailed, HandlerTransport, ReadTimeout, TransportError
 
 
 def _result(ids: list[int], finish: dict | None = None) -> dict:

@@ -1,5 +1,5 @@
 """The turn lifecycle exists once: every surface, streamed or not, leaves the same counters and
-the same ledger after a failure, a disconnect and a success (`gateway/turn.py`)."""
+the same ledger after a failure, a disconnect and a success (`gateway/turns/lifecycle.py`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from typing import Any
 import httpx
 import pytest
 
-from rlgw.gateway.chat import ChatParams, plan_turn
 from rlgw.gateway.errors import InvalidRequest
-from rlgw.gateway.ledger import Ledger, Policy
-from rlgw.gateway.profile import ModelProfile
-from rlgw.gateway.render import ChatRenderer
-from rlgw.gateway.sessions import Mode, Session
-from rlgw.gateway.sessions_api import _bad_token_turn
-from rlgw.gateway.turn import Turn
+from rlgw.gateway.ledger.ledger import Ledger, Policy
+from rlgw.gateway.model.profile import ModelProfile
+from rlgw.gateway.model.render import ChatRenderer
+from rlgw.gateway.sessions.finish import bad_token_turn
+from rlgw.gateway.sessions.table import Mode, Session
+from rlgw.gateway.turns.lifecycle import Turn
+from rlgw.gateway.turns.messages import ChatParams, plan_turn
 from tests.gateway.test_api import A, finish, info, session
 from tests.support.fault_engine import FaultEngine
 
@@ -109,7 +109,7 @@ def test_tools_on_a_template_that_cannot_render_them_are_refused(tiny_chatml: An
 
 
 def test_a_bad_token_reject_names_its_turn() -> None:
-    from rlgw.gateway.ledger import TurnCommit
+    from rlgw.gateway.ledger.ledger import TurnCommit
 
     ledger = Ledger()
     for i, out in enumerate(([5, 6], [7, 99_999])):
@@ -130,7 +130,7 @@ def test_a_bad_token_reject_names_its_turn() -> None:
             ),
             "v1",
         )
-    assert _bad_token_turn(ledger.current, vocab_size=1000) == 1
+    assert bad_token_turn(ledger.current, vocab_size=1000) == 1
 
 
 def test_finish_summary_lists_segments_with_their_causes(gw: str) -> None:
@@ -143,7 +143,7 @@ def test_finish_summary_lists_segments_with_their_causes(gw: str) -> None:
 
 
 def test_each_sample_status_describes_its_own_segment() -> None:
-    from rlgw.gateway.ledger import TurnCommit
+    from rlgw.gateway.ledger.ledger import TurnCommit
 
     ledger = Ledger()
 
@@ -190,9 +190,9 @@ def _chat_params(messages: list[dict[str, Any]]) -> ChatParams:
 async def test_reply_independent_work_is_done_while_the_engine_generates(
     tiny_qwen3: Any, fe: FaultEngine, monkeypatch: pytest.MonkeyPatch, early_fails: bool
 ) -> None:
-    from rlgw.gateway import chat
-    from rlgw.gateway.backend import SGLangBackend
-    from rlgw.gateway.profile import build_profile
+    from rlgw.gateway.engine_client.backend import SGLangBackend
+    from rlgw.gateway.model.profile import build_profile
+    from rlgw.gateway.turns import messages as chat
 
     profile = build_profile({"tokenizer_path": str(tiny_qwen3), "max_context_length": 4096})
     backend = SGLangBackend(fe.url)

@@ -21,10 +21,10 @@ import openai
 import pytest
 
 from bench.stub_engine import build_app as build_stub_engine
-from rlgw.gateway import turn as turn_module
 from rlgw.gateway.app import GatewayConfig, create_app
-from rlgw.gateway.ledger import Ledger, Policy
-from rlgw.gateway.sessions import Mode, Session
+from rlgw.gateway.ledger.ledger import Ledger, Policy
+from rlgw.gateway.sessions.table import Mode, Session
+from rlgw.gateway.turns import lifecycle as turn_module
 from tests.support.procs import serve_in_thread
 
 KEY = "settle-tenant-key-0123456789"

@@ -17,11 +17,11 @@ import pytest
 from fastapi import FastAPI
 from transformers import AutoTokenizer
 
-from rlgw.gateway import viewer
-from rlgw.gateway.errors import install_error_handlers
+from rlgw.gateway.http.errors import install_error_handlers
 from rlgw.gateway.sample import Sample, SampleStatus
-from rlgw.gateway.store import TrajectoryStore
-from rlgw.gateway.tenants import KeyTable
+from rlgw.gateway.tenancy.tenants import KeyTable
+from rlgw.gateway.trajectories.store import TrajectoryStore
+from rlgw.gateway.viewer import routes as viewer
 from tests.support.viewer_samples import tool_conversation
 
 KEYS = {"key-alice": "alice", "key-bob": "bob"}

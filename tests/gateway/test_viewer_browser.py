@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from rlgw.gateway.store import TrajectoryStore
+from rlgw.gateway.trajectories.store import TrajectoryStore
 from tests.gateway.test_viewer import _keyed_app
 from tests.support import browser
 from tests.support.procs import serve_in_thread

@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from rlgw.gateway import viewer
 from rlgw.gateway.app import GatewayConfig, create_app
+from rlgw.gateway.viewer import routes as viewer
 from tests.support import fixture_prompts as fp
 from tests.support.procs import engine_server, serve_in_thread
 

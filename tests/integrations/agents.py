@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlgw.gateway.client import SessionInfo
+from rlgw.gateway.trajectories.client import SessionInfo
 from rlgw.integrations.rollout import ChatLoop, TaskRequest
 from tests.support import fixture_prompts as fp
 

@@ -19,7 +19,7 @@ SUBPACKAGES = {"bin", "engine", "gateway", "integrations", "sandboxes", "scaffol
 def test_pkgutil_lists_every_subpackage() -> None:
     found = {m.name for m in pkgutil.walk_packages(rlgw.__path__, "rlgw.")}
     assert {f"rlgw.{p}" for p in SUBPACKAGES} <= found
-    assert {"rlgw.gateway.ledger", "rlgw.engine.scheduler", "rlgw.sync.delta"} <= found
+    assert {"rlgw.gateway.ledger.ledger", "rlgw.engine.scheduler", "rlgw.sync.delta"} <= found
 
 
 def test_imports_work_from_a_checkout_without_installing(tmp_path: Path) -> None:
@@ -28,7 +28,7 @@ def test_imports_work_from_a_checkout_without_installing(tmp_path: Path) -> None
         shutil.copytree(
             ROOT / name, tmp_path / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
         )
-    code = "import rlgw.gateway.ledger as m, rlgw.engine.scheduler; print(m.__file__)"
+    code = "import rlgw.gateway.ledger.ledger as m, rlgw.engine.scheduler; print(m.__file__)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -37,16 +37,16 @@ def test_imports_work_from_a_checkout_without_installing(tmp_path: Path) -> None
         env={"PYTHONPATH": str(tmp_path)},
     )
     assert out.returncode == 0, out.stderr
-    assert Path(out.stdout.strip()) == tmp_path / "rlgw" / "gateway" / "ledger.py"
+    assert Path(out.stdout.strip()) == tmp_path / "rlgw" / "gateway" / "ledger" / "ledger.py"
 
 
 def test_a_static_analyser_resolves_a_class_to_its_file() -> None:
     jedi = pytest.importorskip("jedi")
     script = jedi.Script(
-        "from rlgw.gateway.ledger import Ledger\nLedger",
+        "from rlgw.gateway.ledger.ledger import Ledger\nLedger",
         path=str(ROOT / "probe.py"),
         project=jedi.Project(str(ROOT)),
     )
     [definition] = script.goto(2, 1, follow_imports=True)
-    assert Path(definition.module_path).resolve() == (ROOT / "gateway" / "ledger.py").resolve()
+    assert Path(definition.module_path).resolve() == (ROOT / "gateway" / "ledger" / "ledger.py").resolve()
     assert definition.name == "Ledger" and definition.type == "class"

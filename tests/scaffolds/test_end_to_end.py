@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlgw.gateway.client import GatewayClient
 from rlgw.gateway.sample import validate_sample
+from rlgw.gateway.trajectories.client import GatewayClient
 from rlgw.sandboxes.local import LocalSandbox
 from rlgw.scaffolds.agent import AgentConfig, InstalledAgent
 from rlgw.scaffolds.mini import MiniScaffold

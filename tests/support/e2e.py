@@ -205,25 +205,52 @@ def expected_increment(tok: Any, history: list[dict], new: list[dict], tools: An
     return full[j:]
 
 
-def check_sample(st: Stack, doc: dict, run: Run, tools: Any, kw: dict) -> None:
-    """The three token-exactness properties of a stored sample."""
-    tok = st.tokenizer
+def check_engine_spans(st: Stack, doc: dict) -> list[tuple[int, int]]:
+    """Mask 1 is exactly the engine's output ids and logprobs for each rid, in order, each fed the series
+    before it; returns the sampled spans as [start, end) positions in `tokens`."""
     tokens = np.asarray(doc["tokens"])
-    n = doc["response_length"]
-    p = len(tokens) - n
-    mask = np.asarray(doc["loss_mask"])
+    p = len(tokens) - doc["response_length"]
     logprobs = np.asarray(doc["rollout_log_probs"])
     rids = doc["metadata"]["engine_rids"]
-    runs = [(p + a, p + b) for a, b in mask_runs(mask)]
-    assert len(runs) == len(rids) == len(run.replies)
-
-    # Mask 1: exactly the engine's output ids and logprobs for each rid, in order.
+    runs = [(p + a, p + b) for a, b in mask_runs(np.asarray(doc["loss_mask"]))]
+    assert len(runs) == len(rids), (len(runs), rids)
     for (a, b), rid in zip(runs, rids, strict=True):
         ex = st.recorder.by_rid[rid]
         assert tokens[a:b].tolist() == ex.output_ids
         np.testing.assert_allclose(logprobs[a - p : b - p], ex.logprobs, atol=1e-6)
         # ...and the engine was fed exactly the series up to this turn.
         assert ex.input_ids == tokens[:a].tolist()
+    return runs
+
+
+def check_forced_logprobs(st: Stack, doc: dict, runs: list[tuple[int, int]]) -> None:
+    """The recorded logprobs equal the engine's teacher-forced logprobs of the final series."""
+    tokens = doc["tokens"]
+    p = len(tokens) - doc["response_length"]
+    logprobs = np.asarray(doc["rollout_log_probs"])
+    r = httpx.post(
+        st.engine + "/generate",
+        json={
+            "input_ids": list(tokens),
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        },
+        timeout=600,
+    )
+    r.raise_for_status()
+    forced = [e[0] for e in r.json()["meta_info"]["input_token_logprobs"]]
+    for a, b in runs:
+        np.testing.assert_allclose(logprobs[a - p : b - p], forced[a:b], atol=1e-4)
+
+
+def check_sample(st: Stack, doc: dict, run: Run, tools: Any, kw: dict) -> None:
+    """The three token-exactness properties of a stored sample."""
+    tok = st.tokenizer
+    tokens = np.asarray(doc["tokens"])
+    p = len(tokens) - doc["response_length"]
+    runs = check_engine_spans(st, doc)
+    assert len(runs) == len(run.replies)
 
     # Mask 0: the prompt, then each increment, as the template renders them.
     t = {"tools": tools} if tools else {}
@@ -237,19 +264,4 @@ def check_sample(st: Stack, doc: dict, run: Run, tools: Any, kw: dict) -> None:
         span = tokens[runs[k - 1][1] : runs[k][0]].tolist()
         assert tok.decode(span) == text
         assert span == tok.encode(text, add_special_tokens=False)
-
-    # Logprobs: equal to the engine's teacher-forced logprobs of the final series.
-    r = httpx.post(
-        st.engine + "/generate",
-        json={
-            "input_ids": tokens.tolist(),
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-            "return_logprob": True,
-            "logprob_start_len": 0,
-        },
-        timeout=120,
-    )
-    r.raise_for_status()
-    forced = [e[0] for e in r.json()["meta_info"]["input_token_logprobs"]]
-    for a, b in runs:
-        np.testing.assert_allclose(logprobs[a - p : b - p], forced[a:b], atol=1e-4)
+    check_forced_logprobs(st, doc, runs)

@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlgw.gateway.client import GatewayClient
 from rlgw.gateway.sample import validate_sample
+from rlgw.gateway.trajectories.client import GatewayClient
 from rlgw.sandboxes.local import LocalSandbox, marked_pids, running
 from rlgw.scaffolds.agent import AgentConfig, InstalledAgent, RunResult
 from rlgw.scaffolds.scaffold import InstalledScaffold

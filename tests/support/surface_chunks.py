@@ -1,4 +1,4 @@
-"""A ChatCompletion and its ChatCompletionChunks, shaped as `gateway/chat.py` yields them.
+"""A ChatCompletion and its ChatCompletionChunks, shaped as `gateway/turns/messages.py` yields them.
 
 Shared by the translation tests of the Messages and Responses surfaces: one turn that reasons,
 answers and calls two tools, so a stream translation can be checked against the non-streamed

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 import uvicorn
 from fastapi import FastAPI
 
-from rlgw.gateway.errors import install_error_handlers
-from rlgw.gateway.store import TrajectoryStore
-from rlgw.gateway.tenants import KeyTable
-from rlgw.gateway.trajectories_api import router
+from rlgw.gateway.http.errors import install_error_handlers
+from rlgw.gateway.tenancy.tenants import KeyTable
+from rlgw.gateway.trajectories.api import router
+from rlgw.gateway.trajectories.store import TrajectoryStore
 from tests.support.procs import free_port
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlgw.gateway.client import GatewayClient, StoredTrajectory
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
-from rlgw.gateway.store import TrajectoryStore
+from rlgw.gateway.trajectories.client import GatewayClient, StoredTrajectory
+from rlgw.gateway.trajectories.store import TrajectoryStore
 from rlgw.trainer.consumer import (
     AcceptancePolicy,
     Action,

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlgw.gateway.engine_client.transport import HandlerTransport
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
-from rlgw.gateway.teacher import TeacherBackend, TeacherError, TeacherUnavailable, VocabMismatch
-from rlgw.gateway.transport import HandlerTransport
+from rlgw.gateway.teacher.client import TeacherBackend, TeacherError, TeacherUnavailable, VocabMismatch
 from tests.support import fixture_prompts as fp
 from tests.support.procs import FIXTURES, engine_server, free_port
 

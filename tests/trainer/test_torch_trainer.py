@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlgw.gateway.client import StoredTrajectory
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
+from rlgw.gateway.trajectories.client import StoredTrajectory
 from rlgw.trainer.batch import Rollout, build_step
 from rlgw.trainer.loop import _dump, load_dump
 from rlgw.trainer.objective import LossConfig, token_log_probs

@@ -1,0 +1,1 @@
+"""Operations routes: `/healthz`, `/readyz` and `/metrics`."""

@@ -1,0 +1,1 @@
+"""OpenAI Completions (`/v1/completions`): raw prompts, text or token ids."""

@@ -1,0 +1,185 @@
+"""Claude Code, Codex and opencode scaffolds: install, command line, settings, and their termination tables.
+
+The `*_api_error`, `*_turn_failed` and `*_stop` logs in `logs/` are the CLIs' own event streams
+from real runs against `rlgw serve` (Claude Code 2.1.332 on today's 400, Codex 0.171.0 on
+today's 400, opencode 1.18.33 finishing); the other rows are events of the same schema with
+the field that decides the ending changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import tomllib
+
+import pytest
+
+from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
+from rlgw.scaffolds.codex import NO_COMPACTION, CodexScaffold
+from rlgw.scaffolds.node_cli import NodeCliScaffold, json_lines
+from rlgw.scaffolds.opencode import OpencodeScaffold
+from rlgw.scaffolds.registry import build_scaffold
+from rlgw.scaffolds.termination import TerminationReason as R
+from tests.support.scaffold_helpers import ctx, log
+
+
+def argv_of(sc: NodeCliScaffold, command: str) -> list[str]:
+    """The CLI's argv in a run command (`cd WORKDIR && ARGV "$(cat instruction)" ...`)."""
+    cli = command.split(" && ", 1)[1].split(' "$(cat ', 1)[0]
+    return shlex.split(cli)
+
+
+@pytest.mark.parametrize(
+    ("name", "package", "version", "binary"),
+    [
+        ("claude-code", "@anthropic-ai/claude-code", "2.1.332", "claude"),
+        ("codex", "@openai/codex", "0.171.0", "codex"),
+        ("opencode", "opencode-ai", "1.18.33", "opencode"),
+    ],
+)
+def test_each_cli_is_a_pinned_npm_package_in_its_own_prefix(name, package, version, binary) -> None:
+    sc = build_scaffold(name)
+    assert isinstance(sc, NodeCliScaffold)
+    assert sc.prefix == f"/opt/rlgw-agents/{name}-{version}"
+    assert sc.executable == f"{sc.prefix}/node_modules/.bin/{binary}"
+    install, check = sc.install_commands(ctx())
+    assert f"npm install --prefix {sc.prefix} " in install and f" {package}@{version} && rm -rf " in install
+    assert install.startswith(check + " >/dev/null 2>&1 || (") and f"'{version}'" in check
+    other = build_scaffold(name, {"version": "9.9.9", "prefix": "/cache/x"})
+    assert (
+        other.executable == f"/cache/x/node_modules/.bin/{binary}"
+        and f"{package}@9.9.9" in (other.install_commands(ctx())[0])
+    )
+    command = sc.run_command(ctx())
+    assert (
+        command.startswith("cd /workspace && ")
+        and ' "$(cat /rlgw/scaffold/instruction.md)" </dev/null' in command
+    )
+    assert "| tee /rlgw/scaffold/events.jsonl; status=${PIPESTATUS[0]};" in command
+    assert command.endswith("exit $status")
+    assert sc.install_files(ctx())["/rlgw/scaffold/instruction.md"] == ctx().task.instruction
+
+
+def test_claude_code_talks_to_the_session_messages_surface() -> None:
+    sc = ClaudeCodeScaffold()
+    c = ctx("capture", max_turns=7)
+    argv = argv_of(sc, sc.run_command(c))
+    assert argv == [sc.executable, "-p", "--output-format", "stream-json", "--verbose",
+                    "--dangerously-skip-permissions", "--max-turns", "7", "--model", "tiny"]  # fmt: skip
+    env = sc.env(c)
+    assert env["ANTHROPIC_BASE_URL"] == "http://gw:8000/s/abc"  # Claude Code appends /v1/messages
+    assert env["ANTHROPIC_API_KEY"] == "sk-session" and env["CLAUDE_CONFIG_DIR"] == "/rlgw/scaffold/config"
+    assert env["DISABLE_AUTO_COMPACT"] == "1" and "CLAUDE_CODE_MAX_OUTPUT_TOKENS" not in env
+    assert "DISABLE_AUTO_COMPACT" not in sc.env(ctx("eval"))
+    capped = sc.env(dataclasses.replace(c, sampling={"max_tokens": 512, "temperature": 0.5}))
+    assert capped["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "512"
+
+
+def test_codex_config_has_one_responses_provider_on_the_session() -> None:
+    sc = CodexScaffold()
+    c = ctx("capture")
+    config = tomllib.loads(sc.install_files(c)["/rlgw/scaffold/codex-home/config.toml"])
+    assert config == {
+        "model": "tiny", "model_provider": "rlgw", "model_auto_compact_token_limit": NO_COMPACTION,
+        "model_providers": {"rlgw": {"name": "rlgw", "base_url": "http://gw:8000/s/abc/v1",
+                                     "env_key": "RLGW_SESSION_KEY", "wire_api": "responses"}},
+    }  # fmt: skip
+    eval_config = tomllib.loads(sc.install_files(ctx("eval"))["/rlgw/scaffold/codex-home/config.toml"])
+    assert "model_auto_compact_token_limit" not in eval_config
+    assert sc.env(c) == {"CODEX_HOME": "/rlgw/scaffold/codex-home", "RLGW_SESSION_KEY": "sk-session"}
+    assert argv_of(sc, sc.run_command(c)) == [
+        sc.executable, "exec", "--json", "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox",
+    ]  # fmt: skip
+
+
+def test_opencode_config_has_one_openai_compatible_provider_on_the_session() -> None:
+    sc = OpencodeScaffold()
+    c = ctx("capture", max_turns=5)
+    config = json.loads(sc.install_files(c)["/rlgw/scaffold/opencode.json"])
+    provider = config["provider"]["rlgw"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"] == {"baseURL": "http://gw:8000/s/abc/v1", "apiKey": "sk-session"}
+    assert config["model"] == "rlgw/tiny" and provider["models"] == {"tiny": {"name": "tiny"}}
+    assert config["agent"] == {"build": {"steps": 5}} and config["share"] == "disabled"
+    env = sc.env(c)
+    assert env["OPENCODE_CONFIG"] == "/rlgw/scaffold/opencode.json"
+    assert env["OPENCODE_DISABLE_AUTOCOMPACT"] == env["OPENCODE_DISABLE_PRUNE"] == "1"
+    assert "OPENCODE_DISABLE_AUTOCOMPACT" not in sc.env(ctx("eval"))
+    assert argv_of(sc, sc.run_command(c)) == [sc.executable, "run", "--format", "json"]
+    capped = dataclasses.replace(c, sampling={"max_tokens": 256})
+    limit = json.loads(sc.install_files(capped)["/rlgw/scaffold/opencode.json"])["provider"]["rlgw"]["models"]
+    assert limit["tiny"]["limit"] == {"context": 0, "output": 256}
+    sized = json.loads(
+        OpencodeScaffold(context_window=32768).install_files(c)["/rlgw/scaffold/opencode.json"]
+    )
+    assert sized["provider"]["rlgw"]["models"]["tiny"]["limit"] == {"context": 32768, "output": 0}
+
+
+def claude_result(**fields) -> str:
+    base = {"type": "result", "subtype": "success", "is_error": False, "num_turns": 2,
+            "terminal_reason": "completed", "result": "Done."}  # fmt: skip
+    return json.dumps({**base, **fields})
+
+
+def codex_events(*types: str, message: str = "boom") -> str:
+    lines = [{"type": "thread.started", "thread_id": "t"}]
+    for t in types:
+        lines.append({"type": t, "error": {"message": message}} if t == "turn.failed" else {"type": t})
+    return "\n".join(json.dumps(x) for x in lines)
+
+
+def opencode_steps(*reasons: str) -> str:
+    return "\n".join(json.dumps({"type": "step_finish", "part": {"type": "step-finish", "reason": r}})
+                     for r in reasons)  # fmt: skip
+
+
+CASES = [
+    # Claude Code: the final result event's terminal_reason / subtype.
+    (ClaudeCodeScaffold, log("claude_code_api_error.jsonl").decode(), 1, R.ERROR, 1),
+    (ClaudeCodeScaffold, claude_result(), 0, R.FINISH, 2),
+    (ClaudeCodeScaffold, claude_result(subtype="error_max_turns", terminal_reason="max_turns", is_error=True,
+                                       num_turns=3), 1, R.MAX_TURNS, 3),
+    (ClaudeCodeScaffold, claude_result(terminal_reason="prompt_too_long", is_error=True), 1,
+     R.CONTEXT_LENGTH_EXCEEDED, 2),
+    (ClaudeCodeScaffold, claude_result(terminal_reason="api_error", is_error=True,
+                                       result="API Error: 400 input length and `max_tokens` exceed "
+                                              "context limit: 30000 + 32000 > 32768"),
+     1, R.CONTEXT_LENGTH_EXCEEDED, 2),
+    (ClaudeCodeScaffold, claude_result(subtype="error_max_budget_usd", terminal_reason="budget_exhausted"), 1,
+     R.BUDGET, 2),
+    (ClaudeCodeScaffold, claude_result(terminal_reason="rapid_refill_breaker", is_error=True), 1, R.STUCK, 2),
+    (ClaudeCodeScaffold, "", 0, R.FINISH, 0),  # no result event: the base rules
+    (ClaudeCodeScaffold, "", 1, R.ERROR, 0),
+    # Codex: turn.completed / turn.failed / error events.
+    (CodexScaffold, log("codex_turn_failed.jsonl").decode(), 1, R.ERROR, 1),
+    (CodexScaffold, codex_events("turn.started", "turn.completed"), 0, R.FINISH, 1),
+    (CodexScaffold, codex_events("turn.started", "turn.failed",
+                                 message="This model's maximum context length is 32768 tokens"), 1,
+     R.CONTEXT_LENGTH_EXCEEDED, 1),
+    (CodexScaffold, "", 2, R.ERROR, 0),
+    # opencode: error events and the last step's reason.
+    (OpencodeScaffold, log("opencode_stop.jsonl").decode(), 0, R.FINISH, 1),
+    (OpencodeScaffold, opencode_steps("tool-calls", "tool-calls", "tool-calls"), 0, R.MAX_TURNS, 3),
+    (OpencodeScaffold, opencode_steps("tool-calls", "stop"), 0, R.FINISH, 2),
+    (OpencodeScaffold, opencode_steps("tool-calls") + '\n{"type": "error", "error": {"name": "APIError", '
+     '"data": {"message": "prompt is too long"}}}', 1, R.CONTEXT_LENGTH_EXCEEDED, 1),
+    (OpencodeScaffold, '{"type": "error", "error": {"name": "UnknownError"}}', 1, R.ERROR, 0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("cls", "events", "exit_code", "expected", "turns"), CASES)
+def test_termination_table(cls, events: str, exit_code: int, expected: R, turns: int) -> None:
+    sc = cls()
+    info = sc.parse_trajectory(ctx(max_turns=3), {"events": events.encode()}, "", exit_code)
+    got = sc.termination_reason(infra_error=False, timed_out=False, exit_code=exit_code, trajectory=info)
+    assert (got, info.turns) == (expected, turns), info.detail
+    assert (
+        sc.termination_reason(infra_error=False, timed_out=True, exit_code=None, trajectory=info) is R.TIMEOUT
+    )
+
+
+def test_json_lines_skips_what_is_not_an_object() -> None:
+    text = 'banner\n{"type": "a"}\n{broken\n[1]\n  {"type": "b"}  \n'
+    assert json_lines(text) == [{"type": "a"}, {"type": "b"}]

@@ -1,0 +1,107 @@
+"""The tiny-agent fixture answers each coding CLI's real prompt with one call of its tool, then an answer.
+
+The prompts are the CLIs' own first requests (`tests/fixtures/agent_requests/`, captured from Claude
+Code 2.1.332, Codex 0.171.0 and opencode 1.18.33), rendered whole with the fixture's Qwen3 template:
+10k-29k tokens, of which the model's sliding-window layers see only the tail. The fast test runs
+plain transformers on the tail, the slow one sends the whole prompt through `rlgw engine` (its chunked
+prefill, KV cache and greedy sampling), as the gateway does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.fixtures.build_agent_fixture import (
+    ANSWER,
+    CALLS,
+    TAIL,
+    TASKS,
+    TITLE,
+    chat_of,
+    echoed,
+    load_requests,
+)
+from tests.support.procs import FIXTURES, engine_server
+
+MODEL = FIXTURES / "tiny-agent"
+TOOL_CALL = re.compile(r"^<tool_call>\n(.*?)\n</tool_call><\|im_end\|>$", re.S)
+
+pytestmark = pytest.mark.skipif(not (MODEL / "model.safetensors").exists(), reason="tiny-agent is not built")
+
+
+def cli_of(name: str) -> str:
+    return next(c for c in TASKS if name == c or name.startswith(c + "-"))
+
+
+def prompts(tok: Any) -> list[tuple[str, str, str]]:
+    """(request name, whole rendered prompt, the completion the fixture must give) for every request."""
+    out = []
+    for name, body in load_requests().items():
+        messages, tools = chat_of(body)
+        prompt = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        if any("Generate a title" in m["content"] for m in messages):
+            want = TITLE + "<|im_end|>"
+        else:
+            want = "<tool_call>\n" + json.dumps(CALLS[cli_of(name)]) + "\n</tool_call><|im_end|>"
+        out.append((name, prompt, want))
+    return out
+
+
+def after_tool(tok: Any, name: str, body: dict[str, Any]) -> str:
+    """The prompt of the turn after the call: the call echoed and a tool result."""
+    messages, tools = chat_of(body)
+    turn = [
+        *messages,
+        echoed(CALLS[cli_of(name)]),
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+    ]
+    return tok.apply_chat_template(turn, tools=tools, add_generation_prompt=True, tokenize=False)
+
+
+def test_each_cli_prompt_tail_gets_its_call_and_a_result_gets_the_answer() -> None:
+    tok = AutoTokenizer.from_pretrained(str(MODEL))
+    model = AutoModelForCausalLM.from_pretrained(str(MODEL), dtype=torch.float32).eval()
+    assert model.config.layer_types == ["sliding_attention"] * 2 and model.config.sliding_window * 2 < TAIL
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def greedy(prompt: str) -> str:
+        ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)[-TAIL:]])
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=64,
+                                 eos_token_id=eos)  # fmt: skip
+        return tok.decode(out[0, ids.shape[1] :])
+
+    requests = load_requests()
+    for name, prompt, want in prompts(tok):
+        assert greedy(prompt) == want, name
+        if TITLE not in want:
+            assert greedy(after_tool(tok, name, requests[name])) == ANSWER + "<|im_end|>", name
+            call = json.loads(TOOL_CALL.match(want).group(1))
+            assert call["name"] == CALLS[cli_of(name)]["name"]
+
+
+@pytest.mark.slow
+def test_the_embedded_engine_answers_the_whole_prompts(tmp_path: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(str(MODEL))
+    with engine_server(MODEL) as engine:
+        # Every prompt but Claude Code's second (its first with more tools, far before the tail).
+        for name, prompt, want in [p for p in prompts(tok) if p[0] != "claude-code-1"]:
+            ids = tok.encode(prompt, add_special_tokens=False)
+            assert len(ids) > TAIL, (name, len(ids))  # the whole prompt, past the window
+            r = httpx.post(
+                engine + "/generate",
+                json={"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 64},
+                      "return_logprob": True},
+                timeout=900,
+            )  # fmt: skip
+            r.raise_for_status()
+            out = [t[1] for t in r.json()["meta_info"]["output_token_logprobs"]]
+            assert tok.decode(out) == want, (name, len(ids))

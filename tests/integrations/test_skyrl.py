@@ -11,18 +11,14 @@ writes what SkyRL got; here it is compared field by field with the store.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.integrations.conftest import assert_same_tokens, stored_samples
+from tests.integrations.conftest import assert_same_tokens, run_probe, stored_samples, stream
 from tests.support.agent_venvs import agent_venv
 from tests.support.e2e import Stack
-from tests.support.procs import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -60,14 +56,9 @@ def skyrl_python() -> Path:
 def test_skyrl_generator_output_is_the_stored_samples(
     skyrl_python: Path, qwen3: Stack, tiny_qwen3: Path, tmp_path: Path
 ) -> None:
-    out = tmp_path / "skyrl.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
-    done = subprocess.run(
-        [str(skyrl_python), "-m", "tests.integrations.skyrl_probe", qwen3.gateway, str(tiny_qwen3), str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    report = json.loads(out.read_text())
+    report = run_probe(
+        skyrl_python, "tests.integrations.skyrl_probe", qwen3, tiny_qwen3, tmp_path / "skyrl.json"
+    )
     o = report["output"]
 
     # Rows: the forked run's two segments (one trajectory), then the one-segment run.
@@ -112,12 +103,8 @@ def test_skyrl_generator_output_is_the_stored_samples(
 
 
 def stored_samples_for(st: Stack, trajectory: str) -> list[dict]:
-    """The stored samples of the session whose rollout id ends with SkyRL's trajectory id."""
-    import httpx
-    import orjson
-
-    r = httpx.get(st.gateway + "/v1/trajectories", params={"after": 0, "limit": 1000}, timeout=60)
-    docs = [orjson.loads(line) for line in r.text.splitlines() if line]
+    """The stored samples of the session whose rollout id names SkyRL's trajectory id."""
+    docs = stream(st)
     sessions = {d["session_id"] for d in docs if f"-{trajectory}-" in d["rollout_id"]}
     # The refused (non-step-wise) run used the same trajectory id: take the first, step-wise, session.
     first = min(sessions, key=lambda s: min(d["cursor"] for d in docs if d["session_id"] == s))

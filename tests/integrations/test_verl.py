@@ -11,18 +11,14 @@ here it is compared field by field with the store.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.integrations.conftest import assert_same_tokens, stored_samples
+from tests.integrations.conftest import assert_same_tokens, run_probe, stored_samples
 from tests.support.agent_venvs import agent_venv
 from tests.support.e2e import Stack
-from tests.support.procs import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -69,18 +65,9 @@ def verl_python() -> Path:
 def test_verl_agent_loop_outputs_are_the_stored_samples(
     verl_python: Path, qwen3: Stack, tiny_qwen3: Path, tmp_path: Path
 ) -> None:
-    out = tmp_path / "verl.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
-    done = subprocess.run(
-        [str(verl_python), "-m", "tests.integrations.verl_probe", qwen3.gateway, str(tiny_qwen3), str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    report = run_probe(
+        verl_python, "tests.integrations.verl_probe", qwen3, tiny_qwen3, tmp_path / "verl.json"
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    report = json.loads(out.read_text())
 
     assert report["registry"]["rlgw"]["_target_"] == "rlgw.integrations.verl.RlgwAgentLoop"
     assert report["registry"]["rlgw_single"]["_target_"] == "rlgw.integrations.verl.RlgwSingleAgentLoop"

@@ -13,7 +13,7 @@ import pytest
 import rlgw
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBPACKAGES = {"bin", "engine", "gateway", "sandboxes", "scaffolds", "sync", "trainer"}
+SUBPACKAGES = {"bin", "engine", "gateway", "integrations", "sandboxes", "scaffolds", "sync", "trainer"}
 
 
 def test_pkgutil_lists_every_subpackage() -> None:

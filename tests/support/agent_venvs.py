@@ -41,17 +41,20 @@ def find_python(version: str) -> str | None:
 
 
 def agent_venv(name: str, version: str, requirements: list[str], *, python: str = "3.12",
-               timeout_s: float = 1800, opt_in: bool = False) -> Path:  # fmt: skip
+               timeout_s: float = 1800, opt_in: bool = False, opt_in_var: str = "RLGW_INSTALL_AGENTS",
+               no_deps: list[str] | None = None) -> Path:  # fmt: skip
     """The ready venv for `name`-`version` (built with `requirements` if missing); skips without `python`.
 
     `opt_in`: an install too slow for every CI run (OpenHands: 5-10 minutes) is built only when
-    `RLGW_INSTALL_AGENTS=1`; otherwise a missing venv skips the test, naming the variable.
+    `opt_in_var` is 1; otherwise a missing venv skips the test, naming the variable. `no_deps`:
+    packages installed after `requirements` without their dependencies (whose metadata pulls far
+    more than what the tests import).
     """
     venv = cache_root() / f"{name}-{version}"
     if (venv / READY).exists():
         return venv
-    if opt_in and os.environ.get("RLGW_INSTALL_AGENTS") != "1":
-        pytest.skip(f"{venv} is not built; RLGW_INSTALL_AGENTS=1 builds it ({' '.join(requirements)})")
+    if opt_in and os.environ.get(opt_in_var) != "1":
+        pytest.skip(f"{venv} is not built; {opt_in_var}=1 builds it ({' '.join(requirements)})")
     interpreter = find_python(python)
     if interpreter is None:
         pytest.skip(f"{name} needs Python {python}, not found on PATH or in pyenv")
@@ -64,10 +67,12 @@ def agent_venv(name: str, version: str, requirements: list[str], *, python: str 
         started = time.monotonic()
         subprocess.run([interpreter, "-m", "venv", str(venv)], check=True, timeout=120)
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        done = subprocess.run([*pip, *requirements], capture_output=True, text=True, timeout=timeout_s)
-        if done.returncode != 0:
-            raise RuntimeError(f"installing {requirements} into {venv} failed:\n{done.stderr[-3000:]}")
+        for args in [requirements] + ([["--no-deps", *no_deps]] if no_deps else []):
+            done = subprocess.run([*pip, *args], capture_output=True, text=True, timeout=timeout_s)
+            if done.returncode != 0:
+                raise RuntimeError(f"installing {args} into {venv} failed:\n{done.stderr[-3000:]}")
+        extra = f" --no-deps {' '.join(no_deps)}" if no_deps else ""
         (venv / READY).write_text(
-            f"{' '.join(requirements)}\ninstalled in {time.monotonic() - started:.0f}s\n"
+            f"{' '.join(requirements)}{extra}\ninstalled in {time.monotonic() - started:.0f}s\n"
         )
     return venv

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,6 +58,66 @@ def first_word_reward(content: str | None, word: str) -> float:
     return 1.0 if m is not None and m.group(1) == word else 0.0
 
 
+Episode = Callable[[Any], Awaitable[float]]  # plays one attempt with the session's SDK client; its reward
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One session to run: its task, rollout and GRPO group, metadata, and the episode that plays it."""
+
+    task_id: str
+    rollout_id: str
+    group_index: int
+    metadata: dict[str, Any]
+    episode: Episode
+
+
+async def run_attempts(
+    gateway_url: str,
+    gateway_key: str | None,
+    attempts: list[Attempt],
+    sampling: dict[str, Any],
+    concurrency: int,
+) -> CollectResult:
+    """Run each attempt as one capture session (at most `concurrency` at once), finished with its reward.
+
+    An attempt whose episode raises is finished as `failed` with reward 0 and counted in `failed_runs`.
+    """
+    import openai
+
+    gate = asyncio.Semaphore(concurrency)
+    result = CollectResult()
+    # One SDK client (one connection pool) for every attempt, each a copy with its session's
+    # base URL and key: building a client per attempt took about 24 ms of the event loop
+    # here (its HTTP client and TLS context), which delayed a whole wave of attempts.
+    sdk = openai.AsyncOpenAI(base_url=gateway_url, api_key=gateway_key or "unused", max_retries=0)
+    async with sdk, GatewayClient(gateway_url, gateway_key) as gw:
+
+        async def run(a: Attempt) -> None:
+            async with gate:
+                s = await gw.create_session(
+                    a.task_id,
+                    rollout_id=a.rollout_id,
+                    group_index=a.group_index,
+                    sampling=sampling,
+                    metadata=a.metadata,
+                )
+                agent = sdk.with_options(base_url=s.base_url, api_key=s.api_key)
+                try:
+                    reward = await a.episode(agent)
+                    summary = await gw.finish_session(s.session_id, reward=reward)
+                except Exception:
+                    result.failed_runs += 1
+                    await gw.finish_session(s.session_id, reward=0.0, status="failed")
+                    return
+                result.rewards.append(reward)
+                result.cursors += [x.cursor for x in summary.samples]
+                result.rejected_segments += len(summary.rejects)
+
+        await asyncio.gather(*(run(a) for a in attempts))
+    return result
+
+
 @dataclass(slots=True)
 class ChatRollouts:
     """One-turn chats: `groups` prompts per iteration (drawn with `seed`), `group_size` attempts each."""
@@ -72,49 +133,34 @@ class ChatRollouts:
 
     async def collect(self, gateway_url: str, gateway_key: str | None, iteration: int) -> CollectResult:
         """Run every attempt of this iteration's prompts; each is one session, finished with its reward."""
-        import openai
-
         rng = random.Random(self.seed * 1_000_003 + iteration)
         picks = [rng.choice(self.tasks) for _ in range(self.groups)]
-        gate = asyncio.Semaphore(self.concurrency)
-        result = CollectResult()
-        # One SDK client (one connection pool) for every attempt, each a copy with its session's
-        # base URL and key: building a client per attempt took about 24 ms of the event loop
-        # here (its HTTP client and TLS context), which delayed a whole wave of attempts.
-        sdk = openai.AsyncOpenAI(base_url=gateway_url, api_key=gateway_key or "unused", max_retries=0)
-        async with sdk, GatewayClient(gateway_url, gateway_key) as gw:
 
-            async def attempt(group: int, task: WordTask, k: int) -> None:
-                async with gate:
-                    s = await gw.create_session(
-                        f"word-{task.word}",
-                        rollout_id=f"it{iteration}-g{group}-a{k}",
-                        group_index=iteration * self.groups + group,
-                        sampling={"temperature": self.temperature, "top_p": 1.0, "top_k": -1},
-                        metadata={"iteration": iteration, "word": task.word},
-                    )
-                    agent = sdk.with_options(base_url=s.base_url, api_key=s.api_key)
-                    try:
-                        reply = await agent.chat.completions.create(
-                            model="policy",
-                            messages=[{"role": "user", "content": task.prompt}],
-                            max_tokens=self.max_tokens,
-                            extra_body={"chat_template_kwargs": self.chat_template_kwargs},
-                        )
-                        reward = first_word_reward(reply.choices[0].message.content, task.word)
-                        summary = await gw.finish_session(s.session_id, reward=reward)
-                    except Exception:
-                        result.failed_runs += 1
-                        await gw.finish_session(s.session_id, reward=0.0, status="failed")
-                        return
-                    result.rewards.append(reward)
-                    result.cursors += [x.cursor for x in summary.samples]
-                    result.rejected_segments += len(summary.rejects)
+        def episode(task: WordTask) -> Episode:
+            async def play(agent: Any) -> float:
+                reply = await agent.chat.completions.create(
+                    model="policy",
+                    messages=[{"role": "user", "content": task.prompt}],
+                    max_tokens=self.max_tokens,
+                    extra_body={"chat_template_kwargs": self.chat_template_kwargs},
+                )
+                return first_word_reward(reply.choices[0].message.content, task.word)
 
-            await asyncio.gather(
-                *(attempt(g, t, k) for g, t in enumerate(picks) for k in range(self.group_size))
+            return play
+
+        attempts = [
+            Attempt(
+                f"word-{task.word}",
+                f"it{iteration}-g{g}-a{k}",
+                iteration * self.groups + g,
+                {"iteration": iteration, "word": task.word},
+                episode(task),
             )
-        return result
+            for g, task in enumerate(picks)
+            for k in range(self.group_size)
+        ]
+        sampling = {"temperature": self.temperature, "top_p": 1.0, "top_k": -1}
+        return await run_attempts(gateway_url, gateway_key, attempts, sampling, self.concurrency)
 
 
 @dataclass(slots=True)

@@ -16,15 +16,14 @@ not the recording (the gateway's) or training.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlgw.gateway.trajectories.client import GatewayClient
-from rlgw.trainer.rollouts import CollectResult
+from rlgw.trainer.rollouts import Attempt, CollectResult, run_attempts
 
 # Cities that are one token in the fixtures' tokenizers: a constrained answer is one sampled choice.
 CITIES = ("Athens", "Berlin", "Boston", "Cairo", "Delhi", "Dubai", "Dublin", "Geneva")
@@ -60,40 +59,21 @@ class ToolRollouts:
 
     async def collect(self, gateway_url: str, gateway_key: str | None, iteration: int) -> CollectResult:
         """Run every attempt of this iteration; each session is finished with its verified reward."""
-        import openai
-
         rng = random.Random(self.seed * 1_000_003 + iteration)
         cities = [[rng.choice(CITIES) for _ in range(self.group_size)] for _ in range(self.groups)]
-        gate = asyncio.Semaphore(self.concurrency)
-        result = CollectResult()
-        sdk = openai.AsyncOpenAI(base_url=gateway_url, api_key=gateway_key or "unused", max_retries=0)
-        async with sdk, GatewayClient(gateway_url, gateway_key) as gw:
-
-            async def attempt(group: int, k: int, city: str) -> None:
-                async with gate:
-                    s = await gw.create_session(
-                        "tool-locate",
-                        rollout_id=f"it{iteration}-g{group}-a{k}",
-                        group_index=iteration * self.groups + group,
-                        sampling={"temperature": self.temperature, "top_p": 1.0, "top_k": -1},
-                        metadata={"iteration": iteration, "city": city},
-                    )
-                    agent = sdk.with_options(base_url=s.base_url, api_key=s.api_key)
-                    try:
-                        reward = await self._episode(agent, city)
-                        summary = await gw.finish_session(s.session_id, reward=reward)
-                    except Exception:
-                        result.failed_runs += 1
-                        await gw.finish_session(s.session_id, reward=0.0, status="failed")
-                        return
-                    result.rewards.append(reward)
-                    result.cursors += [x.cursor for x in summary.samples]
-                    result.rejected_segments += len(summary.rejects)
-
-            await asyncio.gather(
-                *(attempt(g, k, c) for g, row in enumerate(cities) for k, c in enumerate(row))
+        attempts = [
+            Attempt(
+                "tool-locate",
+                f"it{iteration}-g{g}-a{k}",
+                iteration * self.groups + g,
+                {"iteration": iteration, "city": city},
+                functools.partial(self._episode, city=city),
             )
-        return result
+            for g, row in enumerate(cities)
+            for k, city in enumerate(row)
+        ]
+        sampling = {"temperature": self.temperature, "top_p": 1.0, "top_k": -1}
+        return await run_attempts(gateway_url, gateway_key, attempts, sampling, self.concurrency)
 
     async def _episode(self, agent: Any, city: str) -> float:
         messages: list[dict[str, Any]] = [{"role": "user", "content": PROMPT}]

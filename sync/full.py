@@ -17,9 +17,15 @@ import numpy as np
 
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.errors import CheckpointError, DigestMismatch
-from rlgw.sync.fileio import default_workers, pwrite_all
-from rlgw.sync.parallel import OrderedDigest, Pool, Progress, segments, steps
-from rlgw.sync.rewrite import Target, rewrite
+from rlgw.sync.fileio import (
+    Progress,
+    default_workers,
+    open_output,
+    pread_into,
+    pwrite_all,
+    run_parallel,
+    stream_tensor,
+)
 from rlgw.sync.stfile import SafetensorsFile, build_header, nbytes_of
 
 DEFAULT_SHARD_BYTES = 4 << 30
@@ -73,19 +79,16 @@ def write_full_version(
 ) -> ck.VersionIndex:
     """Publish `tensors` atomically as the full version `root/weight_v{version}`; returns its index.
 
-    Every tensor is written in steps (`pwrite`: fresh page-cache pages are filled as they are, where
-    a mapping would fault and zero each one first), each step hashed in order right after it is
-    written, segments of big tensors on every thread. Non-weight files (config, tokenizer) are
-    copied from `aux_src` when given.
+    Non-weight files (config, tokenizer) are copied from `aux_src` when given.
     """
     by_name = {t.name: t for t in tensors}
     if len(by_name) != len(tensors):
         raise ValueError("duplicate tensor names")
     shards = plan_shards([(t.name, t.data.size) for t in tensors], shard_bytes)
+    records: dict[str, ck.TensorRecord] = {}
     with ck.atomic_dir(root / ck.version_dirname(version), durable=durable) as tmp:
-        writers: list[_TensorWriter] = []
+        jobs = []
         fds = []
-        pool = Pool(workers or default_workers())
         try:
             for i, names in enumerate(shards):
                 fname = shard_name(i, len(shards))
@@ -97,42 +100,29 @@ def write_full_version(
                 pwrite_all(fd, header, 0)
                 off = len(header)
                 for n in names:
-                    writers.append(_TensorWriter(pool, by_name[n], fname, fd, off))
+                    jobs.append((fd, off, by_name[n], fname))
                     off += by_name[n].data.size
-            pool.wait(progress)
+                os.ftruncate(fd, off)
+
+            def write_one(job: tuple[int, int, NamedBytes, str]) -> tuple[str, ck.TensorRecord]:
+                fd, off, t, fname = job
+                pwrite_all(fd, t.data, off)
+                return t.name, ck.TensorRecord(t.dtype, t.shape, ck.digest(t.data), "raw", fname)
+
+            records = dict(
+                run_parallel(
+                    write_one, jobs, workers or default_workers(), progress, lambda j: j[2].data.size
+                )
+            )
         finally:
             for fd in fds:
                 os.close(fd)
-        records = {w.t.name: w.record() for w in writers}
         aux = ck.copy_aux_files(aux_src, tmp) if aux_src is not None else []
         index = ck.VersionIndex(
             version, "full", base_version, "raw", "none", {t.name: records[t.name] for t in tensors}, aux
         )
         ck.write_index(tmp, index)
     return index
-
-
-class _TensorWriter:
-    """One tensor's write as pool units: each segment's steps written at their offset, hashed in order."""
-
-    def __init__(self, pool: Pool, t: NamedBytes, fname: str, fd: int, off: int) -> None:
-        self.pool, self.t, self.fname, self.fd, self.off = pool, t, fname, fd, off
-        ranges = [s for lo, hi in segments(t.data.size) for s in steps(lo, hi)] or [(0, 0)]
-        self.digest = OrderedDigest(t.data, ranges)
-        self.first_step = {lo: k for k, (lo, _) in enumerate(ranges)}
-        for lo, hi in segments(t.data.size):
-            pool.submit(self._run, lo, hi)
-
-    def _run(self, lo: int, hi: int) -> None:
-        k = self.first_step[lo]
-        for a, b in steps(lo, hi) or [(lo, hi)]:
-            pwrite_all(self.fd, self.t.data[a:b], self.off + a)
-            self.pool.report(b - a)
-            self.digest.done(k)
-            k += 1
-
-    def record(self) -> ck.TensorRecord:
-        return ck.TensorRecord(self.t.dtype, self.t.shape, self.digest.hexdigest(), "raw", self.fname)
 
 
 def _check_full(index: ck.VersionIndex, where: Path) -> None:
@@ -155,21 +145,43 @@ def copy_verified(
         if rec.file is None:
             raise CheckpointError(f"{src}: tensor {name!r} has no file in the weight map")
         files.setdefault(rec.file, []).append(name)
-    targets = []
-    for fname, names in files.items():
-        with SafetensorsFile(src / fname) as sf:
+    jobs = []
+    opened: list[tuple[SafetensorsFile, int, int | None]] = []
+    try:
+        for fname, names in files.items():
+            sf = SafetensorsFile(src / fname)
+            src_fd = os.open(src / fname, os.O_RDONLY)
+            dst_fd = None
+            if dst is not None:
+                dst_fd = open_output(dst / fname, os.fstat(src_fd).st_size)
+            opened.append((sf, src_fd, dst_fd))
             if set(names) != set(sf.entries):
                 raise CheckpointError(f"{src / fname}: tensors differ from the index's weight map")
+            if dst_fd is not None:
+                head = np.empty(sf.data_start, dtype=np.uint8)
+                pread_into(src_fd, head, 0)
+                pwrite_all(dst_fd, head, 0)
             for name in names:
                 e, rec = sf.entries[name], index.tensors[name]
                 if e.dtype != rec.dtype or e.shape != rec.shape:
                     raise CheckpointError(f"{src / fname}: {name!r} is {e.dtype}{list(e.shape)} in the file")
-                targets.append(Target(name, fname, sf.data_start + e.start, e.nbytes, rec.digest))
+                jobs.append((name, src_fd, sf.data_start + e.start, e.nbytes, dst_fd))
 
-    def mismatch(name: str, got: str) -> DigestMismatch:
-        return DigestMismatch(f"{src}: tensor {name!r} digest {got} != recorded {index.tensors[name].digest}")
+        def one(job: tuple[str, int, int, int, int | None]) -> None:
+            name, sfd, off, n, dfd = job
+            got = stream_tensor(sfd, off, n, dfd, off)
+            if got != index.tensors[name].digest:
+                raise DigestMismatch(
+                    f"{src}: tensor {name!r} digest {got} != recorded {index.tensors[name].digest}"
+                )
 
-    rewrite(src, targets, dst, mismatch, workers or default_workers(), progress)
+        run_parallel(one, jobs, workers or default_workers(), progress, lambda j: j[3])
+    finally:
+        for sf, sfd, dfd in opened:
+            sf.close()
+            os.close(sfd)
+            if dfd is not None:
+                os.close(dfd)
     if dst is not None:
         ck.copy_aux_files(src, dst, index.aux_files)
         ck.write_index(dst, index)

@@ -20,8 +20,8 @@ import torch
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.delta import ENCODINGS, write_delta_version
 from rlgw.sync.errors import VersionError
+from rlgw.sync.fileio import Progress
 from rlgw.sync.full import NamedBytes, verify_version, write_full_version
-from rlgw.sync.parallel import Progress
 from rlgw.sync.stfile import SafetensorsFile
 from rlgw.sync.tensors import named_bytes
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.delta import apply_delta
 from rlgw.sync.errors import CheckpointError, VersionError
+from rlgw.sync.fileio import Progress
 from rlgw.sync.full import copy_verified, verify_version
-from rlgw.sync.parallel import Progress
 
 log = logging.getLogger(__name__)
 

@@ -165,10 +165,6 @@ class SafetensorsFile:
             return memoryview(b"")
         return memoryview(self._mm)[self.data_start + e.start : self.data_start + e.end]
 
-    def buffer(self) -> memoryview:
-        """The whole file's bytes (read-only, zero-copy; empty for an empty file)."""
-        return memoryview(self._mm) if self._mm is not None else memoryview(b"")
-
     def close(self) -> None:
         """Unmap the file; views from `raw` must not be used afterwards."""
         if self._mm is not None:

@@ -60,7 +60,7 @@ class PgSessionJournal:
         self._links: list[Link] = []
         self._links_lock = threading.Lock()
         self._writer = ThreadPoolExecutor(WRITERS, thread_name_prefix="rlgw-pgjournal")
-        self.write_seconds = 0.0  # total time turns spent waiting for their row (for the metrics)
+        self.write_seconds = 0.0  # total time turns spent writing their row (for the metrics)
         self.writes = 0
         self._closed = False
         self._link().run(self._create_schema)
@@ -98,15 +98,12 @@ class PgSessionJournal:
         return self._link().run(run)
 
     async def _write(self, sql: str, args: tuple[Any, ...]) -> None:
-        started = time.perf_counter()
+        if self._closed:
+            raise RuntimeError("the journal is closed")
         loop = asyncio.get_running_loop()
         # Shielded: a turn whose client leaves while its row is being written still gets the row
         # (the turn is then applied; a retry replaces it), never a turn applied without one.
         await asyncio.shield(loop.run_in_executor(self._writer, self._exec, sql, args))
-        elapsed = time.perf_counter() - started
-        self.write_seconds += elapsed
-        self.writes += 1
-        JOURNAL_WRITE_SECONDS.observe(elapsed)
 
     async def opened(self, session_id: str, doc: dict[str, Any], key_digest: bytes) -> None:
         """Record a new session (before its id and key are handed out)."""
@@ -119,7 +116,12 @@ class PgSessionJournal:
     async def turn(self, session_id: str, record: dict[str, Any]) -> None:
         """Record one committed turn of `session_id` (the file journal's bytes, as they are)."""
         payload = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY)
+        started = time.perf_counter()
         await self._write("INSERT INTO rlgw_turns (session, doc) VALUES (%s, %s)", (session_id, payload))
+        elapsed = time.perf_counter() - started  # the turn's wait, thread hop and round trip included
+        self.write_seconds += elapsed
+        self.writes += 1
+        JOURNAL_WRITE_SECONDS.observe(elapsed)
 
     async def closed(self, session_id: str) -> None:
         """Forget a session (finished and stored, deleted, or expired): its row and its turns."""

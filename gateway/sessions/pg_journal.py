@@ -22,6 +22,7 @@ It knows no HTTP, no ledger and no engine.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -89,7 +90,8 @@ class PgSessionJournal:
                 self._links.append(link)
         return link
 
-    def _exec(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def _exec(self, sql: str, args: tuple[Any, ...], *, idempotent: bool = True) -> list[tuple[Any, ...]]:
+        """Run one statement (autocommit); all but a turn's insert may be repeated (`Link.run`)."""
         if self._closed:
             raise RuntimeError("the journal is closed")
 
@@ -97,15 +99,16 @@ class PgSessionJournal:
             cur = conn.execute(sql, args)
             return cur.fetchall() if cur.description is not None else []
 
-        return self._link().run(run)
+        return self._link().run(run, idempotent=idempotent)
 
-    async def _write(self, sql: str, args: tuple[Any, ...]) -> None:
+    async def _write(self, sql: str, args: tuple[Any, ...], *, idempotent: bool = True) -> None:
         if self._closed:
             raise RuntimeError("the journal is closed")
         loop = asyncio.get_running_loop()
         # Shielded: a turn whose client leaves while its row is being written still gets the row
         # (the turn is then applied; a retry replaces it), never a turn applied without one.
-        await asyncio.shield(loop.run_in_executor(self._writer, self._exec, sql, args))
+        work = functools.partial(self._exec, sql, args, idempotent=idempotent)
+        await asyncio.shield(loop.run_in_executor(self._writer, work))
 
     async def opened(self, session_id: str, doc: dict[str, Any], key_digest: bytes) -> None:
         """Record a new session (before its id and key are handed out)."""
@@ -119,7 +122,9 @@ class PgSessionJournal:
         """Record one committed turn of `session_id` (the file journal's bytes, as they are)."""
         payload = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY)
         started = time.perf_counter()
-        await self._write("INSERT INTO turns (session, doc) VALUES (%s, %s)", (session_id, payload))
+        # Not repeated on a lost connection: it may have committed (the agent's retry replaces the turn).
+        insert = "INSERT INTO turns (session, doc) VALUES (%s, %s)"
+        await self._write(insert, (session_id, payload), idempotent=False)
         elapsed = time.perf_counter() - started  # the turn's wait, thread hop and round trip included
         self.write_seconds += elapsed
         self.writes += 1

@@ -132,17 +132,27 @@ class Link:
             self._conn = conn
         return self._conn
 
-    def run(self, fn: Callable[[Any], _T]) -> _T:
-        """`fn(connection)`; a connection lost on the way raises `StoreUnavailable`."""
+    def run(self, fn: Callable[[Any], _T], *, idempotent: bool = False) -> _T:
+        """`fn(connection)`; a connection lost on the way raises `StoreUnavailable`.
+
+        An `idempotent` call (a read, an upsert, a delete) is tried once more on a new connection
+        first: a connection that broke while idle (the server restarted since) fails its next
+        call, and that call may safely run again. Other writes are not repeated: their commit may
+        have happened, so their caller decides (a retried turn replaces itself, a retried finish
+        gets its stored answer).
+        """
         import psycopg
 
-        conn = self.conn()
-        try:
-            return fn(conn)
-        except psycopg.OperationalError as exc:
-            if conn.broken or conn.closed:
-                raise StoreUnavailable(f"PostgreSQL connection lost: {exc}".strip()) from exc
-            raise
+        for attempt in (1, 2):
+            conn = self.conn()
+            try:
+                return fn(conn)
+            except psycopg.OperationalError as exc:
+                if not (conn.broken or conn.closed):
+                    raise
+                if attempt == 2 or not idempotent:
+                    raise StoreUnavailable(f"PostgreSQL connection lost: {exc}".strip()) from exc
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Close the connection if one is open."""
@@ -198,7 +208,8 @@ class PgTrajectoryStore(GroupCommitStore):
     def __init__(self, url: str, *, readonly: bool) -> None:
         self.location = url
         self._readonly = readonly
-        self._writer = Link(url, autocommit=False, setup=(SEARCH_PATH,))
+        # A finish answers once its commit is flushed to the server's WAL, whatever the server's default.
+        self._writer = Link(url, autocommit=False, setup=(SEARCH_PATH, "SET synchronous_commit = on"))
         self._reader = Link(url, autocommit=True, setup=(SEARCH_PATH,))
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-pgstore-w")
         self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-pgstore-r")
@@ -274,7 +285,9 @@ class PgTrajectoryStore(GroupCommitStore):
 
     def _query(self, sql: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
         # The shared reads are written with SQLite's `?`; psycopg's placeholder is `%s`.
-        return self._reader.run(lambda conn: conn.execute(sql.replace("?", "%s"), args).fetchall())
+        return self._reader.run(
+            lambda conn: conn.execute(sql.replace("?", "%s"), args).fetchall(), idempotent=True
+        )
 
     def stored_sessions_sync(self, session_ids: list[str]) -> set[str]:
         """Which of `session_ids` are closed in the store: samples or an outcome committed."""

@@ -284,9 +284,10 @@ class PgTrajectoryStore(GroupCommitStore):
     # -- reading ---------------------------------------------------------------------------
 
     def _query(self, sql: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
-        # The shared reads are written with SQLite's `?`; psycopg's placeholder is `%s`.
+        # The shared reads are written with SQLite's `?`; psycopg's placeholder is `%s`. Binary
+        # results: a frame arrives as its bytes, not as hex text twice its size to decode.
         return self._reader.run(
-            lambda conn: conn.execute(sql.replace("?", "%s"), args).fetchall(), idempotent=True
+            lambda conn: conn.execute(sql.replace("?", "%s"), args, binary=True).fetchall(), idempotent=True
         )
 
     def stored_sessions_sync(self, session_ids: list[str]) -> set[str]:

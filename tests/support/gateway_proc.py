@@ -1,6 +1,6 @@
 """A real `rlgw serve` subprocess for the tenants, limits, metrics and operations tests.
 
-Unlike `tests.support.procs.rlgw_process` it keeps the process's output in a file (tests grep
+Unlike `tests.support.procs.rlgw_process` it keeps the process's log file after the run (tests grep
 the structured logs) and hands back the process itself (tests send it SIGTERM).
 """
 
@@ -68,7 +68,7 @@ def gateways(
     started = [_spawn(engine_url, tmp, tuple(args), env) for tmp, args, env in specs]
     try:
         for gw in started:
-            wait_healthy(gw.url + "/healthz", gw.proc)
+            wait_healthy(gw.url + "/healthz", gw.proc, log=gw.log_path)
         yield started
     finally:
         for gw in started:

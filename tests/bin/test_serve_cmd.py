@@ -149,7 +149,7 @@ def test_store_and_journal_take_only_postgresql_urls() -> None:
                 "--engine-url",
                 "http://127.0.0.1:9",
                 flag,
-                "/tmp/x",
+                "/x",
             ],
             capture_output=True,
             text=True,

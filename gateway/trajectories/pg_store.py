@@ -100,6 +100,17 @@ def is_url(location: str) -> bool:
     return location.startswith(("postgresql://", "postgres://"))
 
 
+def psycopg_module() -> Any:
+    """psycopg 3, or a clear error naming the extra that installs it (the base install has no driver)."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise StoreError(
+            "a postgresql:// store or journal needs psycopg 3: pip install 'rlgw[postgres]'"
+        ) from exc
+    return psycopg
+
+
 class Link:
     """One connection, reopened on the next use after it broke (a PostgreSQL restart, a network cut).
 
@@ -114,8 +125,7 @@ class Link:
 
     def conn(self) -> Any:
         """The open connection (opened now if there is none or it broke)."""
-        import psycopg
-
+        psycopg = psycopg_module()
         if self._conn is None or self._conn.closed or self._conn.broken:
             with contextlib.suppress(Exception):
                 if self._conn is not None:
@@ -141,8 +151,7 @@ class Link:
         have happened, so their caller decides (a retried turn replaces itself, a retried finish
         gets its stored answer).
         """
-        import psycopg
-
+        psycopg = psycopg_module()
         for attempt in (1, 2):
             conn = self.conn()
             try:
@@ -246,8 +255,7 @@ class PgTrajectoryStore(GroupCommitStore):
         self._check_schema(conn)
 
     def _check_schema(self, conn: Any) -> None:
-        import psycopg
-
+        psycopg = psycopg_module()
         try:
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         except psycopg.errors.UndefinedTable as exc:

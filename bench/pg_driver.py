@@ -5,6 +5,7 @@ this times it `--n` times, one after another, with asyncpg (async, binary protoc
 async connection, and psycopg 3's sync connection behind a thread hop (how `pg_journal.py` runs it,
 so that the same connections also serve sync callers such as the CLI). Prints p50/p99 per
 insert and the ratio to asyncpg. Starts a throwaway cluster unless `--url` names a database.
+asyncpg is only this comparison's: `pip install asyncpg` first (rlgw does not depend on it).
 
     python -m bench.pg_driver --n 2000
 """

@@ -95,8 +95,9 @@ def cluster(*, durable: bool = False) -> Iterator[Cluster]:
     bin_dir = find_bin_dir()
     if bin_dir is None:
         raise FileNotFoundError(INSTALL_HINT)
-    # Not under pytest's tmp dir: that is private to root, and the server runs as `nobody`.
-    root = Path(tempfile.mkdtemp(prefix="rlgw-pg-"))
+    # Not under pytest's tmp dir (private to root) when the server runs as `nobody`: under /tmp,
+    # whose parents `nobody` can traverse whatever $TMPDIR says.
+    root = Path(tempfile.mkdtemp(prefix="rlgw-pg-", dir="/tmp" if os.geteuid() == 0 else None))
     try:
         if os.geteuid() == 0:
             shutil.chown(root, UNPRIVILEGED)

@@ -1,12 +1,12 @@
 """One Megatron training step at a given split, saved for comparison with the one-rank step.
 
-    torchrun --nproc-per-node 4 -m rlgw.trainer.megatron_probe --tp 2 --pp 2 --out split.pt
-    python -m rlgw.trainer.megatron_probe --out one.pt          # the one-rank reference
+    torchrun --nproc-per-node 4 -m rlgw.trainer.megatron_probe --split 2x2 --split 2x1 --out DIR
+    python -m rlgw.trainer.megatron_probe --out DIR          # the one-rank reference: DIR/tp1pp1dp1.pt
 
 Every rank builds its piece of the model; rank 0 runs, on a fixed synthetic step (several
 rollouts, split segments, two temperatures, uneven micro-batches), `loss_and_backward`, gathers
 the reduced gradients under HF names, then one `train_step`, and saves the metrics, the
-gradients, and the exported weights before and after to `--out` (`torch.save`). `compare` reads
+gradients, and the exported weights before and after under `--out` (`torch.save`). `compare` reads
 two such files and gives the largest gaps; `bench/megatron_equivalence.py` and the tests use it.
 This module owns no training logic: it drives `MegatronTrainer` as the loop would.
 """
@@ -103,21 +103,36 @@ def compare(split: dict[str, Any], one: dict[str, Any]) -> dict[str, float]:
             "before_bitwise": float(before)}  # fmt: skip
 
 
+def parse_split(text: str) -> tuple[int, int, int]:
+    """ "TPxPP" or "TPxPPxPAD" (vocab_divisible_by) -> (tp, pp, pad)."""
+    parts = [int(x) for x in text.lower().split("x")]
+    if len(parts) not in (2, 3) or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"--split wants TPxPP or TPxPPxPAD, got {text!r}")
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else 128
+
+
 def main() -> None:
+    from megatron.core import parallel_state
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=REPO / "tests" / "fixtures" / "tiny-qwen3")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--split", type=parse_split, action="append", metavar="TPxPP[xPAD]",
+                   help="tp x pp (x vocab_divisible_by, default 128); repeat to run several splits in "
+                   "one launch (dp is what the world leaves); default 1x1")  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--vocab-divisible-by", type=int, default=128)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="a directory: one tpTppPdpD[-padN].pt per split")
     args = p.parse_args()
     torch.set_num_threads(1)
-    result = run(args.model, args.tp, args.pp, lr=args.lr, vocab_divisible_by=args.vocab_divisible_by,
-                 device=args.device)  # fmt: skip
-    if result is not None:
-        torch.save(result, args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for tp, pp, pad in args.split or [(1, 1, 128)]:
+        result = run(args.model, tp, pp, lr=args.lr, vocab_divisible_by=pad, device=args.device)
+        parallel_state.destroy_model_parallel()  # the next split forms its own groups
+        if result is not None:
+            s = result["split"]
+            torch.save(
+                result, args.out / f"tp{s['tp']}pp{s['pp']}dp{s['dp']}{'' if pad == 128 else f'-pad{pad}'}.pt"
+            )
 
 
 if __name__ == "__main__":

@@ -118,6 +118,9 @@ class TorchTrainer:
         for name, dtype in self._export_dtypes.items():
             yield name, state[name].detach().to("cpu", dtype)
 
+    def close(self) -> None:
+        """Nothing to release: one process."""
+
     def config_dict(self) -> dict:
         """The model's HF config, for receipts."""
         return json.loads(self.model.config.to_json_string())

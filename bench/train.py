@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,6 +55,17 @@ def _step(model_dir: Path, rows: int, prompt: int, response: int, seed: int = 0)
     return build_step(rollouts, micro_batch_rows=8)
 
 
+def _time_steps(trainer: Any, step: Any, repeat: int) -> float:
+    """Median seconds of `repeat` optimizer steps on `step`, after one warm-up step."""
+    trainer.train_step(step)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        trainer.train_step(step)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def bench_trainer(args: argparse.Namespace) -> None:
     from rlgw.trainer.objective import LossConfig
     from rlgw.trainer.torch_trainer import OptimConfig, TorchTrainer
@@ -66,12 +78,7 @@ def bench_trainer(args: argparse.Namespace) -> None:
         trainer = TorchTrainer(model_dir, LossConfig(), OptimConfig(lr=1e-5))
         step = _step(model_dir, args.rows, args.prompt, args.response)
         tokens = sum(int(mb.attention_mask.sum()) for mb in step.micro_batches)
-        trainer.train_step(step)  # warm-up
-        times = []
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            trainer.train_step(step)
-            times.append(time.perf_counter() - t0)
+        t = _time_steps(trainer, step, args.repeat)
         peer = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
@@ -83,7 +90,7 @@ def bench_trainer(args: argparse.Namespace) -> None:
                 ).backward()
             trainer.optimizer.step()
             peer.append(time.perf_counter() - t0)
-        t, p = statistics.median(times), statistics.median(peer)
+        p = statistics.median(peer)
         print(f"  {name:12s} step {t * 1e3:7.1f} ms  {tokens / t:9.0f} tokens/s  "
               f"{step.trainable_tokens / t:8.0f} trainable tokens/s  | plain CE fwd+bwd+AdamW "
               f"{p * 1e3:7.1f} ms (rlgw step / plain = {t / p:.2f}x)")  # fmt: skip
@@ -132,14 +139,8 @@ def ranks_worker(args: argparse.Namespace) -> None:
         return
     step = _step(model_dir, args.rows, args.prompt, args.response)
     tokens = sum(int(mb.attention_mask.sum()) for mb in step.micro_batches)
-    trainer.train_step(step)  # warm-up
-    times = []
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        trainer.train_step(step)
-        times.append(time.perf_counter() - t0)
+    t = _time_steps(trainer, step, args.repeat)
     trainer.close()
-    t = statistics.median(times)
     print(json.dumps({"step_s": t, "tokens_per_s": tokens / t}))
 
 

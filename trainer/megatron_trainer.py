@@ -164,9 +164,7 @@ class MegatronTrainer:
             )
         # called by the schedule after the last backward: DP all-reduce (a sum, see transformer_config)
         # and the tied embedding's gradient summed over the first and last stage; no token scaling
-        model.config.finalize_model_grads_func = lambda models, num_tokens=None, **kw: finalize_model_grads(
-            models
-        )
+        model.config.finalize_model_grads_func = lambda models, *_, **__: finalize_model_grads(models)
         model.config.no_sync_func = ddp.no_sync
         return ddp
 

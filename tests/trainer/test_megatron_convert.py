@@ -9,15 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlgw.trainer.megatron_convert import (
-    Split,
-    check_split,
-    hf_to_megatron,
-    megatron_to_hf,
-    padded_vocab,
-    shard,
-    unshard,
-)
+from rlgw.trainer import megatron_convert as mc
+from rlgw.trainer.megatron_convert import Split
 from tests.support.procs import FIXTURES
 
 
@@ -48,10 +41,10 @@ def test_round_trip_is_bit_for_bit(
     name: str, untied: bool, bias: bool, split: Split, divisible_by: int
 ) -> None:
     hf, state = _model(name, untied=untied, bias=bias)
-    rows = padded_vocab(hf["vocab_size"], split.tp, divisible_by)
-    full = hf_to_megatron(hf, state)
-    pieces = {(t, p): shard(hf, full, split, t, p, rows) for t in range(split.tp) for p in range(split.pp)}
-    back = megatron_to_hf(hf, unshard(hf, pieces, split))
+    rows = mc.padded_vocab(hf["vocab_size"], split.tp, divisible_by)
+    full = mc.hf_to_megatron(hf, state)
+    pieces = {(t, p): mc.shard(hf, full, split, t, p, rows) for t in range(split.tp) for p in range(split.pp)}
+    back = mc.megatron_to_hf(hf, mc.unshard(hf, pieces, split))
     assert set(back) == set(state)
     for k, v in state.items():
         assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
@@ -72,8 +65,8 @@ def test_round_trip_is_bit_for_bit(
 
 def test_gate_and_up_are_split_separately() -> None:
     hf, state = _model("tiny-qwen3")
-    full = hf_to_megatron(hf, state)
-    piece = shard(hf, full, Split(tp=2), 1, 0, padded_vocab(hf["vocab_size"], 2))
+    full = mc.hf_to_megatron(hf, state)
+    piece = mc.shard(hf, full, Split(tp=2), 1, 0, mc.padded_vocab(hf["vocab_size"], 2))
     fc1 = piece["decoder.layers.0.mlp.linear_fc1.weight"]
     half = hf["intermediate_size"] // 2
     assert torch.equal(fc1[:half], state["model.layers.0.mlp.gate_proj.weight"][half:])
@@ -83,6 +76,6 @@ def test_gate_and_up_are_split_separately() -> None:
 def test_splits_the_shapes_do_not_divide_are_refused() -> None:
     hf, _ = _model("tiny-qwen3")
     with pytest.raises(ValueError, match=r"2 query groups .* tp=4"):
-        check_split(hf, Split(tp=4))
+        mc.check_split(hf, Split(tp=4))
     with pytest.raises(ValueError, match=r"2 layers are not divisible by pp=3"):
-        check_split(hf, Split(pp=3))
+        mc.check_split(hf, Split(pp=3))

@@ -6,9 +6,9 @@ is formed without touching the environment. Megatron's own groups come from
 drives: it runs the rollouts and the gateway, and tells the others what to do next
 (`command`); a step's micro-batches are scattered by data-parallel rank (`scatter_step`; every
 share keeps the whole step's per-rollout token counts, so the loss denominators are the step's);
-each rank's local tensors are gathered to rank 0 for publishing (`gather_to_driver`).
-Objects move with torch.distributed's pickling collectives (`*_object*`): a step and a tiny
-model's state are small; a large model's gather would want tensor collectives per parameter.
+each rank's local tensors are gathered to rank 0 for publishing (`gather_to_driver`: names and
+shapes as objects, then every tensor point to point). Commands and steps move with
+torch.distributed's pickling collectives (`*_object*`): they are small.
 This module knows nothing about models, losses or the HF layout.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from rlgw.trainer.batch import StepBatch
 
@@ -136,16 +137,45 @@ def scatter_step(layout: Layout, step: StepBatch | None) -> StepBatch:
     return box[0]
 
 
-def gather_to_driver(layout: Layout, local: Any) -> dict[tuple[int, int], Any] | None:
-    """On rank 0, `local` of every (tp_rank, pp_rank) of data-parallel replica 0; None elsewhere."""
-    mine = (layout.tp_rank, layout.pp_rank, local) if layout.dp_rank == 0 else None
+def gather_to_driver(
+    layout: Layout, local: dict[str, Tensor]
+) -> dict[tuple[int, int], dict[str, Tensor]] | None:
+    """On rank 0, the CPU copies of `local` of every (tp_rank, pp_rank) of data-parallel replica 0.
+
+    The names and shapes go first (small objects), then each tensor point to point to rank 0, so
+    no tensor is pickled; None on the other ranks.
+    """
+
+    def copy(t: Tensor) -> Tensor:
+        return t.detach().to("cpu", copy=True)
+
     if layout.world == 1:
-        return {(0, 0): local}
-    got: list[Any] | None = [None] * layout.world if layout.driver else None
-    dist.gather_object(mine, got, dst=0)
-    if got is None:
+        return {(0, 0): {k: copy(v) for k, v in local.items()}}
+    sender = layout.dp_rank == 0
+    meta = (layout.tp_rank, layout.pp_rank, [(k, tuple(v.shape), v.dtype) for k, v in local.items()])
+    metas: list[Any] | None = [None] * layout.world if layout.driver else None
+    dist.gather_object(meta if sender else None, metas, dst=0)
+    if not layout.driver:
+        for t in local.values() if sender else ():
+            dist.send(t.detach().contiguous(), dst=0)
         return None
-    return {(t, p): x for t, p, x in (g for g in got if g is not None)}
+    assert metas is not None
+    out = {}
+    device = next(iter(local.values())).device
+    for src, m in enumerate(metas):
+        if m is None:
+            continue
+        tp_rank, pp_rank, names = m
+        if src == 0:
+            out[(tp_rank, pp_rank)] = {k: copy(v) for k, v in local.items()}
+            continue
+        piece = {}
+        for name, shape, dtype in names:
+            buf = torch.empty(shape, dtype=dtype, device=device)
+            dist.recv(buf, src=src)
+            piece[name] = buf.to("cpu")
+        out[(tp_rank, pp_rank)] = piece
+    return out
 
 
 def all_gather(layout: Layout, local: Any) -> list[Any]:

@@ -282,10 +282,8 @@ class MegatronTrainer:
     def _local_pieces(
         self, source: Callable[[], dict[str, Tensor]]
     ) -> dict[tuple[int, int], dict[str, Tensor]] | None:
-        # copies: what is published must not change when the next step updates the parameters
-        local = {
-            k: v.detach().to("cpu", copy=True) for k, v in source().items() if not k.endswith("_extra_state")
-        }
+        # gather_to_driver copies: what is published must not change when the next step updates it
+        local = {k: v for k, v in source().items() if not k.endswith("_extra_state")}
         return ranks.gather_to_driver(self.layout, local)
 
     def _weights(self) -> dict[tuple[int, int], dict[str, Tensor]] | None:

@@ -104,6 +104,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(an fsync per turn)",
     )
     p.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="trajectory store: a postgresql:// URL several gateways share (default: SQLite in --data-dir)",
+    )
+    p.add_argument(
+        "--journal",
+        default=None,
+        metavar="URL",
+        help="session journal: a postgresql:// URL shared by several gateways (default: files in --data-dir)",
+    )
+    p.add_argument(
         "--session-ttl", type=float, default=6 * 3600.0, help="seconds after which an idle session is dropped"
     )
     p.add_argument(
@@ -299,6 +311,8 @@ def run(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             allow_template_mismatch=args.allow_template_mismatch,
             journal_sync=args.journal_sync,
+            store=args.store,
+            journal=args.journal,
             session_ttl=args.session_ttl,
             admin_key=_admin_key(args),
             default_limits=Limits(args.max_open_sessions, args.max_in_flight, args.max_tokens_per_minute),

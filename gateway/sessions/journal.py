@@ -320,6 +320,19 @@ class SessionJournal:
             self._remove_turns(orphan)
         return [s for s in (self.load(i) for i in ids) if s is not None]
 
+    async def ready(self) -> None:
+        """Raise unless the journal's database can be written now (for /readyz); writes nothing."""
+
+        def probe() -> None:
+            conn = sqlite3.connect(self.path, timeout=2.0, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+            finally:
+                conn.close()
+
+        await asyncio.to_thread(probe)
+
     def close(self) -> None:
         """Finish pending writes and close the database; later writes fail."""
         self._writer.shutdown(wait=True)

@@ -22,7 +22,7 @@ import os
 import queue
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +74,7 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 CREATE INDEX IF NOT EXISTS samples_by_tenant ON samples (tenant, cursor);
 CREATE INDEX IF NOT EXISTS samples_by_session ON samples (session_id);
+CREATE TABLE IF NOT EXISTS outcomes (session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, doc BLOB NOT NULL);
 """
 
 _INSERT = (
@@ -81,8 +82,11 @@ _INSERT = (
     "reward, response_length, trainable_tokens, arrays, weight_versions, metadata) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-# One finish waiting for the writer thread: its rows, and where to put its cursors.
-_PendingFinish = tuple[list[tuple[Any, ...]], Future[list[int]]]
+# What a finish or delete answered, built from the finish's cursors inside its transaction: a retry
+# of a finish whose answer was lost (its gateway killed after the commit) gets it back from here.
+OutcomeFn = Callable[[list[int]], dict[str, Any]]
+# One finish waiting for the writer thread: its rows, its outcome, and where to put its cursors.
+_PendingFinish = tuple[list[tuple[Any, ...]], "StoredOutcome | None", Future[list[int]]]
 _COLUMNS = (
     "cursor, tenant, session_id, task_id, segment, created_at, rollout_id, group_index, status, reward, \
 response_length, arrays, weight_versions, metadata"
@@ -91,6 +95,19 @@ response_length, arrays, weight_versions, metadata"
 
 # Arrays go straight from numpy to JSON (no Python lists); float32 prints in shortest exact form.
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+
+
+@dataclass(frozen=True, slots=True)
+class StoredOutcome:
+    """The answer to store beside a finish's samples: whose session, and how to build it from the cursors."""
+
+    tenant: str
+    session_id: str
+    build: OutcomeFn
+
+    def doc(self, cursors: list[int]) -> bytes:
+        """The answer as stored (JSON)."""
+        return orjson.dumps(self.build(cursors))
 
 
 class StoreError(RuntimeError):
@@ -209,7 +226,7 @@ def decode_arrays(blob: bytes) -> dict[str, np.ndarray]:
     return out
 
 
-def _row_values(
+def row_values(
     tenant: str, session_id: str, task_id: str, segment: int, created_at: float, sample: Sample
 ) -> tuple[Any, ...]:
     return (
@@ -230,7 +247,7 @@ def _row_values(
     )
 
 
-def _from_row(row: tuple[Any, ...]) -> StoredSample:
+def stored_from_row(row: tuple[Any, ...]) -> StoredSample:
     (
         cursor,
         tenant,
@@ -364,10 +381,16 @@ class TrajectoryStore:
         outcomes: list[list[int] | BaseException] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for rows, _ in batch:
+            for rows, outcome, _ in batch:
                 conn.execute("SAVEPOINT finish")
                 try:
-                    outcomes.append([conn.execute(_INSERT, row).lastrowid for row in rows])
+                    cursors = [conn.execute(_INSERT, row).lastrowid for row in rows]
+                    if outcome is not None:
+                        conn.execute(
+                            "INSERT INTO outcomes (session_id, tenant, doc) VALUES (?, ?, ?)",
+                            (outcome.session_id, outcome.tenant, outcome.doc(cursors)),
+                        )
+                    outcomes.append(cursors)
                 except Exception as exc:
                     conn.execute("ROLLBACK TO finish")
                     outcomes.append(exc)
@@ -377,7 +400,7 @@ class TrajectoryStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             outcomes = [exc] * len(batch)
-        for (_, future), outcome in zip(batch, outcomes, strict=True):
+        for (_, _, future), outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 future.set_exception(outcome)
             else:
@@ -391,16 +414,19 @@ class TrajectoryStore:
         samples: list[Sample],
         *,
         segments: list[int] | None = None,
+        outcome: OutcomeFn | None = None,
     ) -> list[int]:
         """Store the segments of one finished session all or nothing.
 
         `segments[i]` is the ledger segment index of `samples[i]` (default: 0, 1, 2, ...);
         pass it when some segments were rejected, so the stored index matches the ledger's.
+        `outcome(cursors)`, if given, is the finish's answer, stored in the same transaction (also
+        when there are no samples) and returned by `outcome` from then on; a session has one.
         Returns the cursors, in order, once the transaction is durable on disk.
         """
         if self._readonly:
             raise StoreError("this store was opened read-only")
-        if not samples:
+        if not samples and outcome is None:
             return []
         if segments is None:
             segments = list(range(len(samples)))
@@ -411,12 +437,13 @@ class TrajectoryStore:
         # in parallel (zstd releases the GIL); only the INSERT+fsync is serialized.
         rows = await asyncio.to_thread(
             lambda: [
-                _row_values(tenant, session_id, task_id, seg, now, s)
+                row_values(tenant, session_id, task_id, seg, now, s)
                 for seg, s in zip(segments, samples, strict=True)
             ]
         )
         future: Future[list[int]] = Future()
-        self._pending.put((rows, future))
+        stored = None if outcome is None else StoredOutcome(tenant, session_id, outcome)
+        self._pending.put((rows, stored, future))
         self._write_pool.submit(self._commit_pending)
         cursors = await asyncio.wrap_future(future)
         if (event := self._events.pop(tenant, None)) is not None:
@@ -436,14 +463,14 @@ class TrajectoryStore:
                 f"SELECT {_COLUMNS} FROM samples WHERE tenant = ? AND cursor > ? ORDER BY cursor LIMIT ?",
                 (tenant, after, limit),
             ).fetchall()
-        return [_from_row(r) for r in rows]
+        return [stored_from_row(r) for r in rows]
 
     def get_sync(self, tenant: str | None, cursor: int) -> StoredSample | None:
         """The sample at `cursor` if it exists and belongs to `tenant` (`None`: any tenant)."""
         row = self._reader.execute(f"SELECT {_COLUMNS} FROM samples WHERE cursor = ?", (cursor,)).fetchone()
         if row is None or (tenant is not None and row[1] != tenant):
             return None
-        return _from_row(row)
+        return stored_from_row(row)
 
     def summaries_sync(
         self,
@@ -497,14 +524,28 @@ class TrajectoryStore:
         return await self._read(self.list_sync, tenant, after=after, limit=limit)
 
     def stored_sessions_sync(self, session_ids: list[str]) -> set[str]:
-        """Which of `session_ids` already have samples in the store (their finish committed)."""
+        """Which of `session_ids` are closed in the store: samples or an outcome committed."""
         found: set[str] = set()
-        for i in range(0, len(session_ids), 500):  # SQLite's bound-parameter limit
-            chunk = session_ids[i : i + 500]
+        for i in range(0, len(session_ids), 250):  # SQLite's bound-parameter limit
+            chunk = session_ids[i : i + 250]
             marks = ",".join("?" * len(chunk))
-            query = f"SELECT DISTINCT session_id FROM samples WHERE session_id IN ({marks})"
-            found.update(r[0] for r in self._reader.execute(query, chunk))
+            query = (
+                f"SELECT DISTINCT session_id FROM samples WHERE session_id IN ({marks}) "
+                f"UNION SELECT session_id FROM outcomes WHERE session_id IN ({marks})"
+            )
+            found.update(r[0] for r in self._reader.execute(query, chunk + chunk))
         return found
+
+    def outcome_sync(self, tenant: str, session_id: str) -> dict[str, Any] | None:
+        """What the tenant's finish or delete of `session_id` answered, if one was committed."""
+        row = self._reader.execute(
+            "SELECT doc FROM outcomes WHERE session_id = ? AND tenant = ?", (session_id, tenant)
+        ).fetchone()
+        return None if row is None else orjson.loads(row[0])
+
+    async def outcome(self, tenant: str, session_id: str) -> dict[str, Any] | None:
+        """`outcome_sync` on the reader thread."""
+        return await self._read(self.outcome_sync, tenant, session_id)
 
     async def stored_sessions(self, session_ids: list[str]) -> set[str]:
         """`stored_sessions_sync` on the reader thread."""
@@ -535,6 +576,19 @@ class TrajectoryStore:
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), min(remaining, CROSS_PROCESS_POLL_S))
+
+    async def ready(self) -> None:
+        """Raise unless the file can be written now (for /readyz): takes the write lock, writes nothing."""
+
+        def probe() -> None:
+            conn = sqlite3.connect(self.path, timeout=2.0, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+            finally:
+                conn.close()
+
+        await asyncio.to_thread(probe)
 
     async def close(self) -> None:
         """Close both connections (checkpointing the WAL) after pending work finishes."""

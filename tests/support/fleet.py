@@ -2,10 +2,11 @@
 processes, agents that run sessions through it with the real `openai` client, and one trainer-side
 follower of the trajectory stream.
 
-The gateways are real subprocesses (each its own data dir, as if on three hosts) sharing one store
-and one session journal given by URL; HAProxy is Debian's `haproxy` (the tests skip, saying how to
-install it, where it is absent). A second config file adds only a stats listener, so the tests read
-each server's health as HAProxy sees it and run the shipped config unchanged.
+The gateways are real subprocesses (`gateway_proc.gateways`; each its own data dir, as if on three
+hosts) sharing one store and one session journal given by URL; HAProxy is Debian's `haproxy` (the
+tests skip, saying how to install it, where it is absent). A second config file adds only a stats
+listener, so the tests read each server's health as HAProxy sees it and run the shipped config
+unchanged.
 
 Agents retry what a fleet in trouble answers (a 502 or 503, a connection cut) with the same request
 after a short pause, as the `openai` client's own retries would, and record every such answer, so a
@@ -21,7 +22,6 @@ import io
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -35,6 +35,7 @@ import orjson
 import pytest
 
 from rlgw.gateway.trajectories.client import FinishSummary, GatewayClient, GatewayClientError
+from tests.support.gateway_proc import Gateway, gateways
 from tests.support.procs import REPO, free_port, wait_healthy
 
 HAPROXY_CFG = REPO / "deploy" / "haproxy.cfg"
@@ -42,21 +43,6 @@ SERVERS = ("gw1", "gw2", "gw3")  # the shipped config's server lines
 RETRY_PAUSE_S = 0.3
 # Answers a fleet in trouble gives, which an agent retries: HAProxy's 502/503/504 and the gateway's 503.
 RETRIED_STATUSES = (502, 503, 504)
-
-
-@dataclass
-class FleetGateway:
-    """One `rlgw serve` of the fleet: its HAProxy server name, URL, process and log."""
-
-    name: str
-    url: str
-    proc: subprocess.Popen
-    log_path: Path
-
-    def kill9(self) -> None:
-        """SIGKILL, as a host that dies does: no drain, no shutdown."""
-        self.proc.kill()
-        self.proc.wait()
 
 
 @dataclass
@@ -94,38 +80,22 @@ def require_haproxy() -> str:
 
 
 @contextlib.contextmanager
-def gateways(engine_url: str, tmp: Path, public_url: str, *args: str) -> Iterator[list[FleetGateway]]:
-    """Three `rlgw serve` processes, started together, each with its own data dir under `tmp`."""
-    fleet: list[FleetGateway] = []
-    try:
-        for name in SERVERS:
-            port = free_port()
-            log_path = tmp / f"{name}.log"
-            cmd = [sys.executable, "-m", "rlgw.bin.main", "serve", "--engine-url", engine_url, "--port",
-                   str(port), "--data-dir", str(tmp / name), "--public-url", public_url, *args]  # fmt: skip
-            with log_path.open("w") as log:
-                proc = subprocess.Popen(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-                )
-            fleet.append(FleetGateway(name, f"http://127.0.0.1:{port}", proc, log_path))
-        for gw in fleet:
-            wait_healthy(gw.url + "/healthz", gw.proc, log=gw.log_path)
-        yield fleet
-    finally:
-        for gw in fleet:
-            if gw.proc.poll() is None:
-                gw.proc.terminate()
-        for gw in fleet:
-            try:
-                gw.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                gw.proc.kill()
-                gw.proc.wait()
+def fleet_gateways(engine_url: str, tmp: Path, public_url: str, *args: str) -> Iterator[list[Gateway]]:
+    """One `rlgw serve` per server line of the shipped config, started at once, each with its own data
+    dir under `tmp` (as if on its own host), handing out base URLs on `public_url`."""
+    # Four short turns of the Qwen3 template fit in 1024 positions (gateway_proc's default is 256).
+    common = ("--public-url", public_url, "--context-length", "1024", *args)
+    specs = [(tmp / name, common, None) for name in SERVERS]
+    for path, _, _ in specs:
+        path.mkdir()
+    with gateways(engine_url, specs) as started:
+        yield started
 
 
 @contextlib.contextmanager
-def haproxy(port: int, fleet: list[FleetGateway], tmp: Path) -> Iterator[Balancer]:
-    """HAProxy with the shipped config on `port` in front of `fleet`, once it sees every gateway up."""
+def haproxy(port: int, fleet: list[Gateway], tmp: Path) -> Iterator[Balancer]:
+    """HAProxy with the shipped config on `port` in front of `fleet` (`gw1`, `gw2`, ... in order), once
+    it sees every gateway up."""
     binary = require_haproxy()
     stats_port = free_port()
     stats = tmp / "stats.cfg"
@@ -133,7 +103,8 @@ def haproxy(port: int, fleet: list[FleetGateway], tmp: Path) -> Iterator[Balance
         f"listen stats\n    bind 127.0.0.1:{stats_port}\n    stats enable\n    stats uri /stats\n"
     )
     env = {**os.environ, "RLGW_LB_BIND": f"127.0.0.1:{port}"}
-    env.update({f"RLGW_{gw.name.upper()}": gw.url.removeprefix("http://") for gw in fleet})
+    servers = zip(SERVERS[: len(fleet)], fleet, strict=True)
+    env.update({f"RLGW_{name.upper()}": gw.url.removeprefix("http://") for name, gw in servers})
     log_path = tmp / "haproxy.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -145,8 +116,8 @@ def haproxy(port: int, fleet: list[FleetGateway], tmp: Path) -> Iterator[Balance
     balancer = Balancer(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{stats_port}/stats", proc)
     try:
         wait_healthy(balancer.stats_url, proc, log=log_path)
-        for gw in fleet:
-            balancer.wait_for(gw.name, "UP")
+        for name in SERVERS[: len(fleet)]:
+            balancer.wait_for(name, "UP")
         yield balancer
     finally:
         proc.terminate()

@@ -36,7 +36,7 @@ import pytest
 
 from rlgw.gateway.trajectories.client import FinishSummary, GatewayClient, GatewayClientError
 from tests.support.gateway_proc import Gateway, gateways
-from tests.support.procs import REPO, free_port, wait_healthy
+from tests.support.procs import REPO, free_port, terminate, wait_healthy
 
 HAPROXY_CFG = REPO / "deploy" / "haproxy.cfg"
 SERVERS = ("gw1", "gw2", "gw3")  # the shipped config's server lines
@@ -120,12 +120,7 @@ def haproxy(port: int, fleet: list[Gateway], tmp: Path) -> Iterator[Balancer]:
             balancer.wait_for(name, "UP")
         yield balancer
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
 
 
 @dataclass

@@ -3,8 +3,8 @@
 trajectory store and session journal, in front of one embedded engine (tiny Qwen3) behind a
 recording proxy.
 
-- 60 agent sessions (the real `openai` client, a few turns each, all at once) spread over the
-  gateways; one gateway is SIGKILLed mid-run; HAProxy's health check takes it out; its sessions go
+- 60 agent sessions (the real `openai` client, a few turns each, all at once; one in five takes
+  only a key, so HAProxy places it by its `Authorization` header) spread over the gateways; one gateway is SIGKILLed mid-run; HAProxy's health check takes it out; its sessions go
   on at the others, which restore them from the journal; every session finishes with its one
   sample, whose every sampled span is the engine's own output for the series before it (the same
   ledger, not a stale or rebuilt one); one trainer-side follower of the one stream sees every
@@ -48,6 +48,7 @@ from tests.support.recording_proxy import Recorder, recording_proxy
 pytestmark = pytest.mark.slow
 
 SESSIONS, TURNS = 60, 4
+KEY_ONLY_EVERY = 5  # 12 of the 60 agents take only a key (HAProxy hashes on their Authorization header)
 
 
 @pytest.fixture(scope="module")
@@ -160,14 +161,18 @@ def test_sixty_sessions_survive_a_gateway_killed_mid_run(
             name=busiest, at=time.monotonic(), on_it={r.index for r in runs if busiest in r.served_by}
         )
 
-    runs, followed = asyncio.run(run_and_follow(balancer.url, SESSIONS, on_turn=kill_the_busiest))
+    runs, followed = asyncio.run(
+        run_and_follow(balancer.url, SESSIONS, on_turn=kill_the_busiest, key_only_every=KEY_ONLY_EVERY)
+    )
     victim = killed["name"]
     assert balancer.states()[victim].startswith("DOWN")  # HAProxy's health check took it out
     moved = [r for r in runs if r.index in killed["on_it"] and r.served_by[-1] != victim]
+    key_only_moved = sum(r.key_only for r in moved)
     served = Counter(g for r in runs for g in r.served_by)
     stats = figures(runs, followed)
     print(
         f"\nfailover: killed {victim}; turns served per gateway {dict(served)}; sessions moved {len(moved)}"
+        f" ({key_only_moved} of them key-only)"
     )
     print("figures:", stats)
     assert len(set(served) - {victim}) == 2 and moved  # spread over the fleet, and the victim's moved

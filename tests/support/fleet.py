@@ -128,6 +128,7 @@ class SessionRun:
     """What one agent session did: turns, which gateway served each, and what the fleet answered."""
 
     index: int
+    key_only: bool = False  # the agent called `/v1/...` with the session's key, not the session's base URL
     session_id: str = ""
     turns: int = 0
     served_by: list[str] = field(default_factory=list)
@@ -164,14 +165,16 @@ async def run_sessions(
     concurrency: int | None = None,
     give_up_s: float = 300.0,
     on_turn: Any = None,
+    key_only_every: int = 0,
 ) -> list[SessionRun]:
     """`count` agent sessions through the balancer at `lb`, `turns` chat turns each, then finished.
 
     `on_turn(runs)` is called after every answered turn (a test's hook to act mid-run). A call still
-    failing `give_up_s` seconds after the start raises.
+    failing `give_up_s` seconds after the start raises. Every `key_only_every`-th session's agent takes
+    only a key: it calls the balancer's `/v1` with the session's key (HAProxy hashes on `Authorization`).
     """
     deadline = time.monotonic() + give_up_s
-    runs = [SessionRun(i) for i in range(count)]
+    runs = [SessionRun(i, key_only=key_only_every > 0 and i % key_only_every == 0) for i in range(count)]
     gate = asyncio.Semaphore(concurrency or count)
     sdk = openai.AsyncOpenAI(base_url=lb, api_key="unused", max_retries=0, timeout=120)
     async with sdk, GatewayClient(lb, timeout=120) as gw:
@@ -189,7 +192,8 @@ async def run_sessions(
             async with gate:
                 info = await _retrying(run, lambda: gw.create_session(f"fleet-{run.index}"), deadline)
                 run.session_id = info.session_id
-                agent = sdk.with_options(base_url=info.base_url, api_key=info.api_key)
+                base_url = f"{lb}/v1" if run.key_only else info.base_url
+                agent = sdk.with_options(base_url=base_url, api_key=info.api_key)
                 messages: list[dict[str, Any]] = []
                 for k in range(turns):
                     messages.append({"role": "user", "content": f"Session {run.index}, question {k}: go on."})

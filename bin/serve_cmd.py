@@ -275,6 +275,10 @@ def run(args: argparse.Namespace) -> int:
     if args.cache_mib is not None and args.cache_mib < 0:
         print("rlgw serve: --cache-mib must be at least 0 (0 turns the prefix cache off)", file=sys.stderr)
         return 2
+    for flag, url in (("--store", args.store), ("--journal", args.journal)):
+        if url is not None and not url.startswith(("postgresql://", "postgres://")):
+            print(f"rlgw serve: {flag} takes a postgresql:// URL, got {url!r}", file=sys.stderr)
+            return 2
     import uvicorn
 
     from rlgw.gateway.app import GatewayConfig, create_app

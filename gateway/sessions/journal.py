@@ -52,6 +52,7 @@ from typing import Any
 import orjson
 
 from rlgw.gateway.metrics import JOURNAL_WRITE_SECONDS
+from rlgw.gateway.trajectories.store import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -324,16 +325,7 @@ class SessionJournal:
 
     async def ready(self) -> None:
         """Raise unless the journal's database can be written now (for /readyz); writes nothing."""
-
-        def probe() -> None:
-            conn = sqlite3.connect(self.path, timeout=2.0, isolation_level=None)
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute("ROLLBACK")
-            finally:
-                conn.close()
-
-        await asyncio.to_thread(probe)
+        await asyncio.to_thread(check_writable, self.path)
 
     def close(self) -> None:
         """Finish pending writes and close the database; later writes fail."""

@@ -2,9 +2,9 @@
 gateways, so that any gateway restores any open session on its first call.
 
 The same interface as `journal.SessionJournal` (the local files) and the same records, stored
-opaquely: a session's settings document and key digest in `rlgw_sessions`, and each committed
+opaquely: a session's settings document and key digest in `rlgw.sessions`, and each committed
 turn's record as the very bytes the file journal frames (`orjson` of the record) in
-`rlgw_turns`, in commit order per session. The journal does not read the records; the session
+`rlgw.turns`, in commit order per session. The journal does not read the records; the session
 table that replays them does, so a change of their contents needs no change here.
 
 A turn's row is committed before the turn is answered (as a file journal's frame is written).
@@ -22,6 +22,7 @@ It knows no HTTP, no ledger and no engine.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,19 +32,21 @@ import orjson
 
 from rlgw.gateway.metrics import JOURNAL_WRITE_SECONDS
 from rlgw.gateway.sessions.journal import JournaledSession
-from rlgw.gateway.trajectories.pg_store import Link
+from rlgw.gateway.trajectories.pg_store import PG_SCHEMA, SEARCH_PATH, Link
 
 WRITERS = 4  # connections writing turns at once (one per thread)
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS rlgw_sessions (
+SCHEMA = f"""
+CREATE SCHEMA IF NOT EXISTS {PG_SCHEMA};
+{SEARCH_PATH};
+CREATE TABLE IF NOT EXISTS sessions (
     seq BIGSERIAL UNIQUE, id TEXT PRIMARY KEY, doc BYTEA NOT NULL, key BYTEA NOT NULL
 );
-CREATE INDEX IF NOT EXISTS rlgw_sessions_by_key ON rlgw_sessions (key);
-CREATE TABLE IF NOT EXISTS rlgw_turns (
+CREATE INDEX IF NOT EXISTS sessions_by_key ON sessions (key);
+CREATE TABLE IF NOT EXISTS turns (
     seq BIGSERIAL PRIMARY KEY, session TEXT NOT NULL, doc BYTEA NOT NULL
 );
-CREATE INDEX IF NOT EXISTS rlgw_turns_by_session ON rlgw_turns (session, seq);
+CREATE INDEX IF NOT EXISTS turns_by_session ON turns (session, seq);
 """
 
 
@@ -57,7 +60,7 @@ class PgSessionJournal:
             raise ValueError("journal sync must be 'normal' or 'full'")
         self.location = url
         commit = "off" if sync == "normal" else "on"
-        self._setup = (f"SET synchronous_commit = {commit}",)
+        self._setup = (SEARCH_PATH, f"SET synchronous_commit = {commit}")
         self._local = threading.local()
         self._links: list[Link] = []
         self._links_lock = threading.Lock()
@@ -89,7 +92,8 @@ class PgSessionJournal:
                 self._links.append(link)
         return link
 
-    def _exec(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def _exec(self, sql: str, args: tuple[Any, ...], *, idempotent: bool = True) -> list[tuple[Any, ...]]:
+        """Run one statement (autocommit); all but a turn's insert may be repeated (`Link.run`)."""
         if self._closed:
             raise RuntimeError("the journal is closed")
 
@@ -97,20 +101,21 @@ class PgSessionJournal:
             cur = conn.execute(sql, args)
             return cur.fetchall() if cur.description is not None else []
 
-        return self._link().run(run)
+        return self._link().run(run, idempotent=idempotent)
 
-    async def _write(self, sql: str, args: tuple[Any, ...]) -> None:
+    async def _write(self, sql: str, args: tuple[Any, ...], *, idempotent: bool = True) -> None:
         if self._closed:
             raise RuntimeError("the journal is closed")
         loop = asyncio.get_running_loop()
         # Shielded: a turn whose client leaves while its row is being written still gets the row
         # (the turn is then applied; a retry replaces it), never a turn applied without one.
-        await asyncio.shield(loop.run_in_executor(self._writer, self._exec, sql, args))
+        work = functools.partial(self._exec, sql, args, idempotent=idempotent)
+        await asyncio.shield(loop.run_in_executor(self._writer, work))
 
     async def opened(self, session_id: str, doc: dict[str, Any], key_digest: bytes) -> None:
         """Record a new session (before its id and key are handed out)."""
         await self._write(
-            "INSERT INTO rlgw_sessions (id, doc, key) VALUES (%s, %s, %s) "
+            "INSERT INTO sessions (id, doc, key) VALUES (%s, %s, %s) "
             "ON CONFLICT (id) DO UPDATE SET doc = EXCLUDED.doc, key = EXCLUDED.key",
             (session_id, orjson.dumps(doc), key_digest),
         )
@@ -119,7 +124,9 @@ class PgSessionJournal:
         """Record one committed turn of `session_id` (the file journal's bytes, as they are)."""
         payload = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY)
         started = time.perf_counter()
-        await self._write("INSERT INTO rlgw_turns (session, doc) VALUES (%s, %s)", (session_id, payload))
+        # Not repeated on a lost connection: it may have committed (the agent's retry replaces the turn).
+        insert = "INSERT INTO turns (session, doc) VALUES (%s, %s)"
+        await self._write(insert, (session_id, payload), idempotent=False)
         elapsed = time.perf_counter() - started  # the turn's wait, thread hop and round trip included
         self.write_seconds += elapsed
         self.writes += 1
@@ -133,36 +140,34 @@ class PgSessionJournal:
     def forget(self, session_id: str) -> None:
         """`closed`, blocking: one statement, so the row and its turns go together."""
         self._exec(
-            "WITH gone AS (DELETE FROM rlgw_sessions WHERE id = %s) "
-            "DELETE FROM rlgw_turns WHERE session = %s",
+            "WITH gone AS (DELETE FROM sessions WHERE id = %s) DELETE FROM turns WHERE session = %s",
             (session_id, session_id),
         )
 
     def load(self, session_id: str) -> JournaledSession | None:
         """One open session, or None (blocking: used on a miss and at start-up)."""
-        rows = self._exec("SELECT doc, key FROM rlgw_sessions WHERE id = %s", (session_id,))
+        rows = self._exec("SELECT doc, key FROM sessions WHERE id = %s", (session_id,))
         if not rows:
             return None
-        turns = self._exec("SELECT doc FROM rlgw_turns WHERE session = %s ORDER BY seq", (session_id,))
+        turns = self._exec("SELECT doc FROM turns WHERE session = %s ORDER BY seq", (session_id,))
         doc, key = rows[0]
         return JournaledSession(orjson.loads(doc), bytes(key), [orjson.loads(t) for (t,) in turns])
 
     def session_for_key(self, key_digest: bytes) -> str | None:
         """The id of the open session whose key has this digest, or None."""
-        rows = self._exec("SELECT id FROM rlgw_sessions WHERE key = %s", (key_digest,))
+        rows = self._exec("SELECT id FROM sessions WHERE key = %s", (key_digest,))
         return rows[0][0] if rows else None
 
     def session_ids(self) -> list[str]:
         """The ids of the open sessions, oldest first."""
-        return [r[0] for r in self._exec("SELECT id FROM rlgw_sessions ORDER BY seq", ())]
+        return [r[0] for r in self._exec("SELECT id FROM sessions ORDER BY seq", ())]
 
     def load_all(self) -> list[JournaledSession]:
         """Nothing, and removes turns whose session is gone: a shared journal's sessions are restored
         one at a time on their first call (`load`), never all at start-up, since other gateways
         may be serving them right now (a copy taken at start-up would be stale by its next call)."""
         self._exec(
-            "DELETE FROM rlgw_turns t "
-            "WHERE NOT EXISTS (SELECT 1 FROM rlgw_sessions s WHERE s.id = t.session)",
+            "DELETE FROM turns t WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = t.session)",
             (),
         )
         return []
@@ -170,7 +175,7 @@ class PgSessionJournal:
     async def ready(self) -> None:
         """Raise unless the database answers (for /readyz)."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._writer, self._exec, "SELECT 1 FROM rlgw_sessions LIMIT 1", ())
+        await loop.run_in_executor(self._writer, self._exec, "SELECT 1 FROM sessions LIMIT 1", ())
 
     def close(self) -> None:
         """Finish pending writes and close the connections; later writes fail."""

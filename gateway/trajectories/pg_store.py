@@ -31,38 +31,37 @@ import contextlib
 import logging
 import queue
 import threading
-import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import orjson
-
 from rlgw.gateway.errors import StoreUnavailable
-from rlgw.gateway.sample import Sample
 from rlgw.gateway.trajectories.store import (
     SCHEMA_VERSION,
-    OutcomeFn,
-    SampleSummary,
-    StoredOutcome,
-    StoredSample,
+    Finish,
+    GroupCommitStore,
+    PendingFinish,
     StoreError,
-    row_values,
-    stored_from_row,
 )
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "rlgw_samples"
+CHANNEL = "samples"
 _T = TypeVar("_T")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS rlgw_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS rlgw_cursor (
+# rlgw's tables live in their own schema (every connection sets `search_path`), under the names
+# the SQLite store uses, so both backends share their reads' SQL.
+PG_SCHEMA = "rlgw"
+SEARCH_PATH = f"SET search_path TO {PG_SCHEMA}"
+SCHEMA = f"""
+CREATE SCHEMA IF NOT EXISTS {PG_SCHEMA};
+{SEARCH_PATH};
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS commit_counter (
     one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one), last BIGINT NOT NULL
 );
-INSERT INTO rlgw_cursor (one, last) VALUES (TRUE, 0) ON CONFLICT DO NOTHING;
-CREATE TABLE IF NOT EXISTS rlgw_samples (
+INSERT INTO commit_counter (one, last) VALUES (TRUE, 0) ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS samples (
     cursor BIGINT PRIMARY KEY,
     tenant TEXT NOT NULL,
     session_id TEXT NOT NULL,
@@ -79,36 +78,37 @@ CREATE TABLE IF NOT EXISTS rlgw_samples (
     weight_versions BYTEA NOT NULL,
     metadata BYTEA NOT NULL
 );
-CREATE INDEX IF NOT EXISTS rlgw_samples_by_tenant ON rlgw_samples (tenant, cursor);
-CREATE INDEX IF NOT EXISTS rlgw_samples_by_session ON rlgw_samples (session_id);
-CREATE INDEX IF NOT EXISTS rlgw_samples_by_task ON rlgw_samples (tenant, task_id, cursor);
-CREATE INDEX IF NOT EXISTS rlgw_samples_by_status ON rlgw_samples (tenant, status, cursor);
-CREATE INDEX IF NOT EXISTS rlgw_samples_by_reward ON rlgw_samples (tenant, reward);
-CREATE TABLE IF NOT EXISTS rlgw_outcomes (
+CREATE INDEX IF NOT EXISTS samples_by_tenant ON samples (tenant, cursor);
+CREATE INDEX IF NOT EXISTS samples_by_session ON samples (session_id);
+CREATE INDEX IF NOT EXISTS samples_by_task ON samples (tenant, task_id, cursor);
+CREATE INDEX IF NOT EXISTS samples_by_status ON samples (tenant, status, cursor);
+CREATE INDEX IF NOT EXISTS samples_by_reward ON samples (tenant, reward);
+CREATE TABLE IF NOT EXISTS outcomes (
     session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, doc BYTEA NOT NULL
 );
 """
 
 _INSERT = (
-    "INSERT INTO rlgw_samples (cursor, tenant, session_id, task_id, segment, created_at, rollout_id, "
+    "INSERT INTO samples (cursor, tenant, session_id, task_id, segment, created_at, rollout_id, "
     "group_index, status, reward, response_length, trainable_tokens, arrays, weight_versions, metadata) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
-_COLUMNS = (
-    "cursor, tenant, session_id, task_id, segment, created_at, rollout_id, group_index, status, reward, "
-    "response_length, arrays, weight_versions, metadata"
-)
-_SUMMARY_COLUMNS = (
-    "cursor, tenant, session_id, task_id, segment, created_at, rollout_id, group_index, status, reward, "
-    "response_length, trainable_tokens, weight_versions, metadata"
-)
-# One finish: its rows, its outcome, and where its cursors (or its error) go.
-_Pending = tuple[list[tuple[Any, ...]], StoredOutcome | None, Future[list[int]]]
 
 
 def is_url(location: str) -> bool:
     """Whether a `--store`/`--journal` value names a PostgreSQL database rather than a path."""
     return location.startswith(("postgresql://", "postgres://"))
+
+
+def psycopg_module() -> Any:
+    """psycopg 3, or a clear error naming the extra that installs it (the base install has no driver)."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise StoreError(
+            "a postgresql:// store or journal needs psycopg 3: pip install 'rlgw[postgres]'"
+        ) from exc
+    return psycopg
 
 
 class Link:
@@ -125,8 +125,7 @@ class Link:
 
     def conn(self) -> Any:
         """The open connection (opened now if there is none or it broke)."""
-        import psycopg
-
+        psycopg = psycopg_module()
         if self._conn is None or self._conn.closed or self._conn.broken:
             with contextlib.suppress(Exception):
                 if self._conn is not None:
@@ -143,17 +142,26 @@ class Link:
             self._conn = conn
         return self._conn
 
-    def run(self, fn: Callable[[Any], _T]) -> _T:
-        """`fn(connection)`; a connection lost on the way raises `StoreUnavailable`."""
-        import psycopg
+    def run(self, fn: Callable[[Any], _T], *, idempotent: bool = False) -> _T:
+        """`fn(connection)`; a connection lost on the way raises `StoreUnavailable`.
 
-        conn = self.conn()
-        try:
-            return fn(conn)
-        except psycopg.OperationalError as exc:
-            if conn.broken or conn.closed:
-                raise StoreUnavailable(f"PostgreSQL connection lost: {exc}".strip()) from exc
-            raise
+        An `idempotent` call (a read, an upsert, a delete) is tried once more on a new connection
+        first: a connection that broke while idle (the server restarted since) fails its next
+        call, and that call may safely run again. Other writes are not repeated: their commit may
+        have happened, so their caller decides (a retried turn replaces itself, a retried finish
+        gets its stored answer).
+        """
+        psycopg = psycopg_module()
+        for attempt in (1, 2):
+            conn = self.conn()
+            try:
+                return fn(conn)
+            except psycopg.OperationalError as exc:
+                if not (conn.broken or conn.closed):
+                    raise
+                if attempt == 2 or not idempotent:
+                    raise StoreUnavailable(f"PostgreSQL connection lost: {exc}".strip()) from exc
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Close the connection if one is open."""
@@ -163,7 +171,7 @@ class Link:
             self._conn = None
 
 
-def insert_finishes(conn: Any, batch: list[tuple[list[tuple[Any, ...]], StoredOutcome | None]]) -> list[Any]:
+def insert_finishes(conn: Any, batch: list[Finish]) -> list[list[int] | BaseException]:
     """Insert finishes inside the caller's open transaction; the caller commits.
 
     Takes the cursor counter's row lock first (held until the commit), so cursors follow commit
@@ -172,9 +180,9 @@ def insert_finishes(conn: Any, batch: list[tuple[list[tuple[Any, ...]], StoredOu
     or its exception.
     """
     total = sum(len(rows) for rows, _ in batch)
-    (last,) = conn.execute("UPDATE rlgw_cursor SET last = last + %s RETURNING last", (total,)).fetchone()
+    (last,) = conn.execute("UPDATE commit_counter SET last = last + %s RETURNING last", (total,)).fetchone()
     nxt = last - total + 1
-    out: list[Any] = []
+    out: list[list[int] | BaseException] = []
     tenants: set[str] = set()
     for rows, outcome in batch:
         cursors = list(range(nxt, nxt + len(rows)))
@@ -185,7 +193,7 @@ def insert_finishes(conn: Any, batch: list[tuple[list[tuple[Any, ...]], StoredOu
                     cur.executemany(_INSERT, [(c, *row) for c, row in zip(cursors, rows, strict=True)])
                 if outcome is not None:
                     conn.execute(
-                        "INSERT INTO rlgw_outcomes (session_id, tenant, doc) VALUES (%s, %s, %s)",
+                        "INSERT INTO outcomes (session_id, tenant, doc) VALUES (%s, %s, %s)",
                         (outcome.session_id, outcome.tenant, outcome.doc(cursors)),
                     )
         except Exception as exc:
@@ -200,7 +208,7 @@ def insert_finishes(conn: Any, batch: list[tuple[list[tuple[Any, ...]], StoredOu
     return out
 
 
-class PgTrajectoryStore:
+class PgTrajectoryStore(GroupCommitStore):
     """Finished samples in PostgreSQL, readable by cursor per tenant (see the module docstring).
 
     The same methods as `store.TrajectoryStore`; `location` is the database URL.
@@ -209,11 +217,12 @@ class PgTrajectoryStore:
     def __init__(self, url: str, *, readonly: bool) -> None:
         self.location = url
         self._readonly = readonly
-        self._writer = Link(url, autocommit=False)
-        self._reader = Link(url, autocommit=True)
+        # A finish answers once its commit is flushed to the server's WAL, whatever the server's default.
+        self._writer = Link(url, autocommit=False, setup=(SEARCH_PATH, "SET synchronous_commit = on"))
+        self._reader = Link(url, autocommit=True, setup=(SEARCH_PATH,))
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-pgstore-w")
         self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-pgstore-r")
-        self._pending: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
+        self._pending: queue.SimpleQueue[PendingFinish] = queue.SimpleQueue()
         self._events: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
@@ -239,17 +248,16 @@ class PgTrajectoryStore:
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('rlgw_store_schema'))")
         conn.execute(SCHEMA)
         conn.execute(
-            "INSERT INTO rlgw_meta (key, value) VALUES ('schema_version', %s) ON CONFLICT DO NOTHING",
+            "INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT DO NOTHING",
             (str(SCHEMA_VERSION),),
         )
         conn.commit()
         self._check_schema(conn)
 
     def _check_schema(self, conn: Any) -> None:
-        import psycopg
-
+        psycopg = psycopg_module()
         try:
-            row = conn.execute("SELECT value FROM rlgw_meta WHERE key = 'schema_version'").fetchone()
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         except psycopg.errors.UndefinedTable as exc:
             raise StoreError(f"{self._where()} holds no trajectory store") from exc
         if row is None or int(row[0]) != SCHEMA_VERSION:
@@ -266,17 +274,12 @@ class PgTrajectoryStore:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _commit_pending(self) -> None:
-        """Writer thread: commit every queued finish in one transaction (group commit)."""
-        batch: list[_Pending] = []
-        while not self._pending.empty():
-            batch.append(self._pending.get_nowait())
-        if not batch:
-            return  # an earlier call already committed these along with its own
+    def _commit_batch(self, batch: list[Finish]) -> list[list[int] | BaseException]:
+        """Writer thread: commit the finishes in one transaction (`insert_finishes`)."""
 
-        def commit(conn: Any) -> list[Any]:
+        def commit(conn: Any) -> list[list[int] | BaseException]:
             try:
-                outcomes = insert_finishes(conn, [(rows, outcome) for rows, outcome, _ in batch])
+                outcomes = insert_finishes(conn, batch)
                 conn.commit()
             except BaseException:
                 if not conn.broken:
@@ -284,163 +287,32 @@ class PgTrajectoryStore:
                 raise
             return outcomes
 
-        try:
-            results = self._writer.run(commit)
-        except BaseException as exc:
-            results = [exc] * len(batch)
-        for (_, _, future), result in zip(batch, results, strict=True):
-            if isinstance(result, BaseException):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
-
-    async def add_samples(
-        self,
-        tenant: str,
-        session_id: str,
-        task_id: str,
-        samples: list[Sample],
-        *,
-        segments: list[int] | None = None,
-        outcome: OutcomeFn | None = None,
-    ) -> list[int]:
-        """Store the segments of one finished session all or nothing (as `TrajectoryStore.add_samples`)."""
-        if self._readonly:
-            raise StoreError("this store was opened read-only")
-        if not samples and outcome is None:
-            return []
-        if segments is None:
-            segments = list(range(len(samples)))
-        elif len(segments) != len(samples):
-            raise ValueError(f"{len(segments)} segment indices for {len(samples)} samples")
-        now = time.time()
-        rows = await asyncio.to_thread(
-            lambda: [
-                row_values(tenant, session_id, task_id, seg, now, s)
-                for seg, s in zip(segments, samples, strict=True)
-            ]
-        )
-        future: Future[list[int]] = Future()
-        stored = None if outcome is None else StoredOutcome(tenant, session_id, outcome)
-        self._pending.put((rows, stored, future))
-        self._write_pool.submit(self._commit_pending)
-        cursors = await asyncio.wrap_future(future)
-        if (event := self._events.pop(tenant, None)) is not None:
-            event.set()
-        return cursors
+        return self._writer.run(commit)
 
     # -- reading ---------------------------------------------------------------------------
 
     def _query(self, sql: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
-        return self._reader.run(lambda conn: conn.execute(sql, args).fetchall())
-
-    def list_sync(self, tenant: str | None, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
-        """Samples with cursor > `after`, oldest first, at most `limit`; `tenant=None` means all."""
-        if tenant is None:
-            q = f"SELECT {_COLUMNS} FROM rlgw_samples WHERE cursor > %s ORDER BY cursor LIMIT %s"
-            rows = self._query(q, (after, limit))
-        else:
-            q = (
-                f"SELECT {_COLUMNS} FROM rlgw_samples WHERE tenant = %s AND cursor > %s "
-                "ORDER BY cursor LIMIT %s"
-            )
-            rows = self._query(q, (tenant, after, limit))
-        return [stored_from_row(r) for r in rows]
-
-    def get_sync(self, tenant: str | None, cursor: int) -> StoredSample | None:
-        """The sample at `cursor` if it exists and belongs to `tenant` (`None`: any tenant)."""
-        rows = self._query(f"SELECT {_COLUMNS} FROM rlgw_samples WHERE cursor = %s", (cursor,))
-        if not rows or (tenant is not None and rows[0][1] != tenant):
-            return None
-        return stored_from_row(rows[0])
-
-    def summaries_sync(
-        self,
-        tenant: str | None,
-        *,
-        after: int = 0,
-        before: int | None = None,
-        limit: int = 100,
-        newest_first: bool = False,
-    ) -> list[SampleSummary]:
-        """Samples with `after` < cursor < `before`, without their token arrays."""
-        where, args = ["cursor > %s"], [after]
-        if before is not None:
-            where.append("cursor < %s")
-            args.append(before)
-        if tenant is not None:
-            where.append("tenant = %s")
-            args.append(tenant)
-        order = "DESC" if newest_first else "ASC"
-        q = f"SELECT {_SUMMARY_COLUMNS} FROM rlgw_samples WHERE {' AND '.join(where)} ORDER BY cursor {order}"
-        return [SampleSummary.from_row(r) for r in self._query(q + " LIMIT %s", (*args, limit))]
-
-    def count_sync(self, tenant: str | None, *, after: int = 0) -> int:
-        """How many samples have cursor > `after` (for `tenant`, or all)."""
-        if tenant is None:
-            rows = self._query("SELECT COUNT(*) FROM rlgw_samples WHERE cursor > %s", (after,))
-        else:
-            rows = self._query(
-                "SELECT COUNT(*) FROM rlgw_samples WHERE tenant = %s AND cursor > %s", (tenant, after)
-            )
-        return int(rows[0][0])
-
-    def iter_sync(self, tenant: str | None, *, after: int = 0, batch: int = 64) -> Iterator[StoredSample]:
-        """Every sample after `after`, oldest first, read `batch` rows at a time."""
-        while chunk := self.list_sync(tenant, after=after, limit=batch):
-            yield from chunk
-            after = chunk[-1].cursor
+        # The shared reads are written with SQLite's `?`; psycopg's placeholder is `%s`. Binary
+        # results: a frame arrives as its bytes, not as hex text twice its size to decode.
+        return self._reader.run(
+            lambda conn: conn.execute(sql.replace("?", "%s"), args, binary=True).fetchall(), idempotent=True
+        )
 
     def stored_sessions_sync(self, session_ids: list[str]) -> set[str]:
         """Which of `session_ids` are closed in the store: samples or an outcome committed."""
         rows = self._query(
-            "SELECT DISTINCT session_id FROM rlgw_samples WHERE session_id = ANY(%s) "
-            "UNION SELECT session_id FROM rlgw_outcomes WHERE session_id = ANY(%s)",
+            "SELECT DISTINCT session_id FROM samples WHERE session_id = ANY(%s) "
+            "UNION SELECT session_id FROM outcomes WHERE session_id = ANY(%s)",
             (session_ids, session_ids),
         )
         return {r[0] for r in rows}
-
-    def outcome_sync(self, tenant: str, session_id: str) -> dict[str, Any] | None:
-        """What the tenant's finish or delete of `session_id` answered, if one was committed."""
-        rows = self._query(
-            "SELECT doc FROM rlgw_outcomes WHERE session_id = %s AND tenant = %s", (session_id, tenant)
-        )
-        return orjson.loads(rows[0][0]) if rows else None
-
-    def _latest_cursor(self, tenant: str) -> int:
-        rows = self._query("SELECT MAX(cursor) FROM rlgw_samples WHERE tenant = %s", (tenant,))
-        return int(rows[0][0] or 0)
-
-    async def _read(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._read_pool, lambda: fn(*args, **kwargs))
-
-    async def list(self, tenant: str, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
-        """The tenant's samples with cursor > `after`, oldest first, at most `limit`."""
-        return await self._read(self.list_sync, tenant, after=after, limit=limit)
-
-    async def get(self, tenant: str, cursor: int) -> StoredSample | None:
-        """The tenant's sample at `cursor`, or None (also when it belongs to another tenant)."""
-        return await self._read(self.get_sync, tenant, cursor)
-
-    async def summaries(self, tenant: str | None, **kwargs: Any) -> list[SampleSummary]:
-        """`summaries_sync` on the reader thread."""
-        return await self._read(self.summaries_sync, tenant, **kwargs)
-
-    async def stored_sessions(self, session_ids: list[str]) -> set[str]:
-        """`stored_sessions_sync` on the reader thread."""
-        return await self._read(self.stored_sessions_sync, session_ids)
-
-    async def outcome(self, tenant: str, session_id: str) -> dict[str, Any] | None:
-        """`outcome_sync` on the reader thread."""
-        return await self._read(self.outcome_sync, tenant, session_id)
 
     # -- the long poll ---------------------------------------------------------------------
 
     def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
         """Listener thread: wake a tenant's waiters on each notification; on a lost connection wake
         every waiter (they re-read) and listen again once the database is back."""
-        link = Link(self.location, autocommit=True, setup=(f"LISTEN {CHANNEL}",))
+        link = Link(self.location, autocommit=True, setup=(f"LISTEN {CHANNEL}",))  # no tables: no search_path
         while not self._stop.is_set():
             try:
                 conn = link.conn()
@@ -464,7 +336,8 @@ class PgTrajectoryStore:
         for event in events:
             event.set()
 
-    async def _ensure_listener(self) -> None:
+    async def _prepare_wait(self) -> None:
+        """Start the listener thread at the first wait (it needs the running loop); wait until it listens."""
         if self._listener is None:
             self._loop = asyncio.get_running_loop()
             self._listener = threading.Thread(
@@ -474,24 +347,9 @@ class PgTrajectoryStore:
         if not self._listening.is_set():
             await asyncio.to_thread(self._listening.wait)
 
-    async def wait(self, tenant: str, *, after: int, timeout: float) -> None:  # noqa: ASYNC109
-        """Return once the tenant has a sample with cursor > `after`, or after `timeout` seconds."""
-        await self._ensure_listener()
-        deadline = time.monotonic() + timeout
-        while True:
-            # The event is taken before reading: a notification between the read and the sleep sets it.
-            event = self._events.setdefault(tenant, asyncio.Event())
-            if await self._read(self._latest_cursor, tenant) > after:
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), remaining)
-
     async def ready(self) -> None:
         """Raise unless the database answers and this store may write (for /readyz)."""
-        await self._read(lambda: self._query("SELECT 1 FROM rlgw_cursor", ()))
+        await self._read(lambda: self._query("SELECT 1 FROM commit_counter", ()))
 
     async def close(self) -> None:
         """Close the connections after pending work finishes."""

@@ -16,6 +16,7 @@ an fsync (WAL lets them read while the writer commits).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import os
@@ -85,8 +86,9 @@ _INSERT = (
 # What a finish or delete answered, built from the finish's cursors inside its transaction: a retry
 # of a finish whose answer was lost (its gateway killed after the commit) gets it back from here.
 OutcomeFn = Callable[[list[int]], dict[str, Any]]
-# One finish waiting for the writer thread: its rows, its outcome, and where to put its cursors.
-_PendingFinish = tuple[list[tuple[Any, ...]], "StoredOutcome | None", Future[list[int]]]
+# One finish for the writer thread: its rows and its outcome; waiting, with where to put its cursors.
+Finish = tuple[list[tuple[Any, ...]], "StoredOutcome | None"]
+PendingFinish = tuple[list[tuple[Any, ...]], "StoredOutcome | None", Future[list[int]]]
 _COLUMNS = (
     "cursor, tenant, session_id, task_id, segment, created_at, rollout_id, group_index, status, reward, \
 response_length, arrays, weight_versions, metadata"
@@ -298,6 +300,20 @@ def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     return conn
 
 
+def check_writable(path: Path, timeout: float = 2.0) -> None:
+    """Raise unless the SQLite file at `path` can be written now; writes nothing.
+
+    BEGIN IMMEDIATE takes SQLite's write lock: it fails if the file, its directory or its WAL
+    cannot be written (or another writer holds the lock past the timeout).
+    """
+    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
 def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
     try:
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -308,103 +324,44 @@ def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
         raise StoreError(f"{path} has schema version {found}; this rlgw reads version {SCHEMA_VERSION}")
 
 
-class TrajectoryStore:
-    """Finished samples in one SQLite file, readable by cursor per tenant.
+class GroupCommitStore(abc.ABC):
+    """What both backends share: the group-committed write path and the async reads on the reader thread.
 
-    - `add_samples` writes all segments of one finish atomically, fsynced before it returns,
-      and wakes `wait`ers of that tenant at once. Finishes that arrive while a commit is in
-      flight are committed together in the next one (group commit, one fsync for all).
-    - `wait` long-polls without a busy loop: it sleeps on an in-process event, re-reading
-      the database every `CROSS_PROCESS_POLL_S` only in case another process writes it.
-    - `list_sync` / `get_sync` / `iter_sync` read without an event loop (the CLI opens the
-      file read-only with `open_readonly`).
+    A subclass provides the connections' threads (`_write_pool`, `_read_pool`), the queue its
+    writer thread drains in `_commit_pending` (`_pending`), the per-tenant wake-up events, and the
+    `*_sync` reads.
     """
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, reader: sqlite3.Connection, readonly: bool):
-        self.path = path
-        self._readonly = readonly
-        self._writer = conn
-        self._reader = reader
-        # One thread per connection: each connection is only ever used from its own thread.
-        self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-store-w")
-        self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-store-r")
-        self._events: dict[str, asyncio.Event] = {}
-        self._pending: queue.SimpleQueue[_PendingFinish] = queue.SimpleQueue()
+    _readonly: bool
+    _pending: queue.SimpleQueue[PendingFinish]
+    _write_pool: ThreadPoolExecutor
+    _read_pool: ThreadPoolExecutor
+    _events: dict[str, asyncio.Event]
 
-    @classmethod
-    def open(cls, data_dir: Path) -> TrajectoryStore:
-        """Open (creating if needed) `data_dir/trajectories.sqlite3` for reading and writing."""
-        data_dir = Path(data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        path = data_dir / DB_NAME
-        try:
-            conn = _connect(path, readonly=False)
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{path} is not a trajectory store: {exc}") from exc
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            for stmt in _SCHEMA.split(";"):
-                if stmt.strip():
-                    conn.execute(stmt)
-            conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
-            conn.execute("COMMIT")
-            _check_schema(conn, path)
-        except BaseException:
-            conn.close()
-            raise
-        return cls(path, conn, _connect(path, readonly=False), readonly=False)
-
-    @classmethod
-    def open_readonly(cls, data_dir: Path) -> TrajectoryStore:
-        """Open an existing store read-only (for the CLI); raises `StoreError` if absent or foreign."""
-        path = Path(data_dir) / DB_NAME
-        conn = _connect(path, readonly=True)
-        _check_schema(conn, path)
-        return cls(path, conn, conn, readonly=True)
-
-    # -- writing ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _commit_batch(self, batch: list[Finish]) -> list[list[int] | BaseException]:
+        """Writer thread: commit these finishes in one transaction; per finish, its cursors or its error."""
 
     def _commit_pending(self) -> None:
-        """Writer thread: commit every queued finish in one transaction (group commit).
-
-        Each finish sits in its own SAVEPOINT, so one failing finish is rolled back alone
-        while the others commit; all share one fsync, which is what bounds the write rate.
-        """
-        batch: list[_PendingFinish] = []
+        """Writer thread: commit every queued finish in one transaction (group commit)."""
+        pending: list[PendingFinish] = []
         while not self._pending.empty():
-            batch.append(self._pending.get_nowait())
-        if not batch:
+            pending.append(self._pending.get_nowait())
+        if not pending:
             return  # an earlier call already committed this finish along with its own
-        conn = self._writer
-        outcomes: list[list[int] | BaseException] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            for rows, outcome, _ in batch:
-                conn.execute("SAVEPOINT finish")
-                try:
-                    cursors = [conn.execute(_INSERT, row).lastrowid for row in rows]
-                    if outcome is not None:
-                        conn.execute(
-                            "INSERT INTO outcomes (session_id, tenant, doc) VALUES (?, ?, ?)",
-                            (outcome.session_id, outcome.tenant, outcome.doc(cursors)),
-                        )
-                    outcomes.append(cursors)
-                except Exception as exc:
-                    conn.execute("ROLLBACK TO finish")
-                    outcomes.append(exc)
-                conn.execute("RELEASE finish")
-            conn.execute("COMMIT")
+            results = self._commit_batch([(rows, outcome) for rows, outcome, _ in pending])
         except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            outcomes = [exc] * len(batch)
-        for (_, _, future), outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
+            results = [exc] * len(pending)
+        for (_, _, future), result in zip(pending, results, strict=True):
+            if isinstance(result, BaseException):
+                future.set_exception(result)
             else:
-                future.set_result(outcome)
+                future.set_result(result)
+
+    @abc.abstractmethod
+    def stored_sessions_sync(self, session_ids: list[str]) -> set[str]:
+        """See `TrajectoryStore`."""
 
     async def add_samples(
         self,
@@ -452,25 +409,58 @@ class TrajectoryStore:
 
     # -- reading ---------------------------------------------------------------------------
 
+    def iter_sync(self, tenant: str | None, *, after: int = 0, batch: int = 64) -> Iterator[StoredSample]:
+        """Every sample after `after`, oldest first, read `batch` rows at a time."""
+        while chunk := self.list_sync(tenant, after=after, limit=batch):
+            yield from chunk
+            after = chunk[-1].cursor
+
+    async def _read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._read_pool, lambda: fn(*args, **kwargs))
+
+    async def list(self, tenant: str, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
+        """The tenant's samples with cursor > `after`, oldest first, at most `limit`."""
+        return await self._read(self.list_sync, tenant, after=after, limit=limit)
+
+    async def outcome(self, tenant: str, session_id: str) -> dict[str, Any] | None:
+        """`outcome_sync` on the reader thread."""
+        return await self._read(self.outcome_sync, tenant, session_id)
+
+    async def stored_sessions(self, session_ids: list[str]) -> set[str]:
+        """`stored_sessions_sync` on the reader thread."""
+        return await self._read(self.stored_sessions_sync, session_ids)
+
+    async def get(self, tenant: str, cursor: int) -> StoredSample | None:
+        """The tenant's sample at `cursor`, or None (also when it belongs to another tenant)."""
+        return await self._read(self.get_sync, tenant, cursor)
+
+    async def summaries(self, tenant: str | None, **kwargs: Any) -> list[SampleSummary]:
+        """`summaries_sync` on the reader thread."""
+        return await self._read(self.summaries_sync, tenant, **kwargs)
+
+    @abc.abstractmethod
+    def _query(self, sql: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
+        """Run a read (SQL with `?` placeholders) on the reader connection; all its rows."""
+
     def list_sync(self, tenant: str | None, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
         """Samples with cursor > `after`, oldest first, at most `limit`; `tenant=None` means all."""
         if tenant is None:
-            rows = self._reader.execute(
-                f"SELECT {_COLUMNS} FROM samples WHERE cursor > ? ORDER BY cursor LIMIT ?", (after, limit)
-            ).fetchall()
+            q, args = (
+                f"SELECT {_COLUMNS} FROM samples WHERE cursor > ? ORDER BY cursor LIMIT ?",
+                (after, limit),
+            )
         else:
-            rows = self._reader.execute(
-                f"SELECT {_COLUMNS} FROM samples WHERE tenant = ? AND cursor > ? ORDER BY cursor LIMIT ?",
-                (tenant, after, limit),
-            ).fetchall()
-        return [stored_from_row(r) for r in rows]
+            q = f"SELECT {_COLUMNS} FROM samples WHERE tenant = ? AND cursor > ? ORDER BY cursor LIMIT ?"
+            args = (tenant, after, limit)
+        return [stored_from_row(r) for r in self._query(q, args)]
 
     def get_sync(self, tenant: str | None, cursor: int) -> StoredSample | None:
         """The sample at `cursor` if it exists and belongs to `tenant` (`None`: any tenant)."""
-        row = self._reader.execute(f"SELECT {_COLUMNS} FROM samples WHERE cursor = ?", (cursor,)).fetchone()
-        if row is None or (tenant is not None and row[1] != tenant):
+        rows = self._query(f"SELECT {_COLUMNS} FROM samples WHERE cursor = ?", (cursor,))
+        if not rows or (tenant is not None and rows[0][1] != tenant):
             return None
-        return stored_from_row(row)
+        return stored_from_row(rows[0])
 
     def summaries_sync(
         self,
@@ -494,8 +484,7 @@ class TrajectoryStore:
             args.append(tenant)
         order = "DESC" if newest_first else "ASC"
         query = f"SELECT {_SUMMARY_COLUMNS} FROM samples WHERE {' AND '.join(where)} ORDER BY cursor {order}"
-        rows = self._reader.execute(query + " LIMIT ?", (*args, limit)).fetchall()
-        return [SampleSummary.from_row(r) for r in rows]
+        return [SampleSummary.from_row(r) for r in self._query(query + " LIMIT ?", (*args, limit))]
 
     def count_sync(self, tenant: str | None, *, after: int = 0) -> int:
         """How many samples have cursor > `after` (for `tenant`, or all)."""
@@ -503,25 +492,143 @@ class TrajectoryStore:
             q, args = "SELECT COUNT(*) FROM samples WHERE cursor > ?", (after,)
         else:
             q, args = "SELECT COUNT(*) FROM samples WHERE tenant = ? AND cursor > ?", (tenant, after)
-        return int(self._reader.execute(q, args).fetchone()[0])
-
-    def iter_sync(self, tenant: str | None, *, after: int = 0, batch: int = 64) -> Iterator[StoredSample]:
-        """Every sample after `after`, oldest first, read `batch` rows at a time."""
-        while chunk := self.list_sync(tenant, after=after, limit=batch):
-            yield from chunk
-            after = chunk[-1].cursor
+        return int(self._query(q, args)[0][0])
 
     def _latest_cursor(self, tenant: str) -> int:
-        row = self._reader.execute("SELECT MAX(cursor) FROM samples WHERE tenant = ?", (tenant,)).fetchone()
-        return int(row[0] or 0)
+        rows = self._query("SELECT MAX(cursor) FROM samples WHERE tenant = ?", (tenant,))
+        return int(rows[0][0] or 0)
 
-    async def _read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._read_pool, lambda: fn(*args, **kwargs))
+    def outcome_sync(self, tenant: str, session_id: str) -> dict[str, Any] | None:
+        """What the tenant's finish or delete of `session_id` answered, if one was committed."""
+        rows = self._query(
+            "SELECT doc FROM outcomes WHERE session_id = ? AND tenant = ?", (session_id, tenant)
+        )
+        return orjson.loads(rows[0][0]) if rows else None
 
-    async def list(self, tenant: str, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
-        """The tenant's samples with cursor > `after`, oldest first, at most `limit`."""
-        return await self._read(self.list_sync, tenant, after=after, limit=limit)
+    def _repoll_s(self) -> float | None:
+        """How long a waiter sleeps before reading again without a wake-up (None: until woken or done)."""
+        return None
+
+    async def _prepare_wait(self) -> None:
+        """Whatever must run before the first wait (nothing here)."""
+        return None
+
+    async def wait(self, tenant: str, *, after: int, timeout: float) -> None:  # noqa: ASYNC109
+        """Return once the tenant has a sample with cursor > `after`, or after `timeout` seconds.
+
+        `timeout` is the long-poll length, so running out of it is a normal return, not an error.
+        """
+        await self._prepare_wait()
+        deadline = time.monotonic() + timeout
+        while True:
+            # Take the event before reading, so a commit between the read and the sleep is
+            # not missed: it sets this very event.
+            event = self._events.setdefault(tenant, asyncio.Event())
+            if await self._read(self._latest_cursor, tenant) > after:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            repoll = self._repoll_s()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining if repoll is None else min(remaining, repoll))
+
+
+class TrajectoryStore(GroupCommitStore):
+    """Finished samples in one SQLite file, readable by cursor per tenant.
+
+    - `add_samples` writes all segments of one finish atomically, fsynced before it returns,
+      and wakes `wait`ers of that tenant at once. Finishes that arrive while a commit is in
+      flight are committed together in the next one (group commit, one fsync for all).
+    - `wait` long-polls without a busy loop: it sleeps on an in-process event, re-reading
+      the database every `CROSS_PROCESS_POLL_S` only in case another process writes it.
+    - `list_sync` / `get_sync` / `iter_sync` read without an event loop (the CLI opens the
+      file read-only with `open_readonly`).
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, reader: sqlite3.Connection, readonly: bool):
+        self.path = path
+        self._readonly = readonly
+        self._writer = conn
+        self._reader = reader
+        # One thread per connection: each connection is only ever used from its own thread.
+        self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-store-w")
+        self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-store-r")
+        self._events: dict[str, asyncio.Event] = {}
+        self._pending: queue.SimpleQueue[PendingFinish] = queue.SimpleQueue()
+
+    @classmethod
+    def open(cls, data_dir: Path) -> TrajectoryStore:
+        """Open (creating if needed) `data_dir/trajectories.sqlite3` for reading and writing."""
+        data_dir = Path(data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / DB_NAME
+        try:
+            conn = _connect(path, readonly=False)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path} is not a trajectory store: {exc}") from exc
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    conn.execute(stmt)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+            conn.execute("COMMIT")
+            _check_schema(conn, path)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(path, conn, _connect(path, readonly=False), readonly=False)
+
+    @classmethod
+    def open_readonly(cls, data_dir: Path) -> TrajectoryStore:
+        """Open an existing store read-only (for the CLI); raises `StoreError` if absent or foreign."""
+        path = Path(data_dir) / DB_NAME
+        conn = _connect(path, readonly=True)
+        _check_schema(conn, path)
+        return cls(path, conn, conn, readonly=True)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _commit_batch(self, batch: list[Finish]) -> list[list[int] | BaseException]:
+        """Writer thread: commit the finishes in one transaction.
+
+        Each finish sits in its own SAVEPOINT, so one failing finish is rolled back alone
+        while the others commit; all share one fsync, which is what bounds the write rate.
+        """
+        conn = self._writer
+        outcomes: list[list[int] | BaseException] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for rows, outcome in batch:
+                conn.execute("SAVEPOINT finish")
+                try:
+                    cursors = [conn.execute(_INSERT, row).lastrowid for row in rows]
+                    if outcome is not None:
+                        conn.execute(
+                            "INSERT INTO outcomes (session_id, tenant, doc) VALUES (?, ?, ?)",
+                            (outcome.session_id, outcome.tenant, outcome.doc(cursors)),
+                        )
+                    outcomes.append(cursors)
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO finish")
+                    outcomes.append(exc)
+                conn.execute("RELEASE finish")
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            outcomes = [exc] * len(batch)
+        return outcomes
+
+    def _query(self, sql: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
+        return self._reader.execute(sql, args).fetchall()
+
+    def _repoll_s(self) -> float | None:
+        # Only another process writing the same file commits without waking this one's events.
+        return CROSS_PROCESS_POLL_S
 
     def stored_sessions_sync(self, session_ids: list[str]) -> set[str]:
         """Which of `session_ids` are closed in the store: samples or an outcome committed."""
@@ -536,59 +643,9 @@ class TrajectoryStore:
             found.update(r[0] for r in self._reader.execute(query, chunk + chunk))
         return found
 
-    def outcome_sync(self, tenant: str, session_id: str) -> dict[str, Any] | None:
-        """What the tenant's finish or delete of `session_id` answered, if one was committed."""
-        row = self._reader.execute(
-            "SELECT doc FROM outcomes WHERE session_id = ? AND tenant = ?", (session_id, tenant)
-        ).fetchone()
-        return None if row is None else orjson.loads(row[0])
-
-    async def outcome(self, tenant: str, session_id: str) -> dict[str, Any] | None:
-        """`outcome_sync` on the reader thread."""
-        return await self._read(self.outcome_sync, tenant, session_id)
-
-    async def stored_sessions(self, session_ids: list[str]) -> set[str]:
-        """`stored_sessions_sync` on the reader thread."""
-        return await self._read(self.stored_sessions_sync, session_ids)
-
-    async def get(self, tenant: str, cursor: int) -> StoredSample | None:
-        """The tenant's sample at `cursor`, or None (also when it belongs to another tenant)."""
-        return await self._read(self.get_sync, tenant, cursor)
-
-    async def summaries(self, tenant: str | None, **kwargs: Any) -> list[SampleSummary]:
-        """`summaries_sync` on the reader thread."""
-        return await self._read(self.summaries_sync, tenant, **kwargs)
-
-    async def wait(self, tenant: str, *, after: int, timeout: float) -> None:  # noqa: ASYNC109
-        """Return once the tenant has a sample with cursor > `after`, or after `timeout` seconds.
-
-        `timeout` is the long-poll length, so running out of it is a normal return, not an error.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            # Take the event before reading, so a commit between the read and the sleep is
-            # not missed: it sets this very event.
-            event = self._events.setdefault(tenant, asyncio.Event())
-            if await self._read(self._latest_cursor, tenant) > after:
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), min(remaining, CROSS_PROCESS_POLL_S))
-
     async def ready(self) -> None:
-        """Raise unless the file can be written now (for /readyz): takes the write lock, writes nothing."""
-
-        def probe() -> None:
-            conn = sqlite3.connect(self.path, timeout=2.0, isolation_level=None)
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute("ROLLBACK")
-            finally:
-                conn.close()
-
-        await asyncio.to_thread(probe)
+        """Raise unless the file can be written now (for /readyz)."""
+        await asyncio.to_thread(check_writable, self.path)
 
     async def close(self) -> None:
         """Close both connections (checkpointing the WAL) after pending work finishes."""

@@ -4,8 +4,9 @@ trajectory store and session journal, in front of one embedded engine (tiny Qwen
 recording proxy.
 
 - 60 agent sessions (the real `openai` client, a few turns each, all at once; one in five takes
-  only a key, so HAProxy places it by its `Authorization` header) spread over the gateways; one gateway is SIGKILLed mid-run; HAProxy's health check takes it out; its sessions go
-  on at the others, which restore them from the journal; every session finishes with its one
+  only a key, so HAProxy places it by its `Authorization` header) spread over the gateways; one
+  gateway is SIGKILLed mid-run; HAProxy's health check takes it out; its sessions go on at the
+  others, which restore them from the journal; every session finishes with its one
   sample, whose every sampled span is the engine's own output for the series before it (the same
   ledger, not a stale or rebuilt one); one trainer-side follower of the one stream sees every
   sample exactly once.

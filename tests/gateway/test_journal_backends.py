@@ -67,7 +67,7 @@ async def test_the_postgresql_journal_stores_the_file_journals_record_bytes(
         import psycopg
 
         with psycopg.connect(pg_url) as conn:
-            rows = conn.execute("SELECT doc FROM rlgw_turns WHERE session = 's-x' ORDER BY seq").fetchall()
+            rows = conn.execute("SELECT doc FROM rlgw.turns WHERE session = 's-x' ORDER BY seq").fetchall()
         assert [bytes(r[0]) for r in rows] == frames
         # Shared: nothing is restored at start-up (other gateways may be serving it); on demand it is.
         assert pg.load_all() == [] and pg.load("s-x") is not None

@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from rlgw.gateway.trajectories.pg_store import PgTrajectoryStore, insert_finishes
+from rlgw.gateway.trajectories.pg_store import PG_SCHEMA, PgTrajectoryStore, insert_finishes
 from rlgw.gateway.trajectories.store import row_values
 from tests.support.sample_factory import make_sample
 
+PATH = f"-c search_path={PG_SCHEMA}"  # the store's tables, unqualified, as its own connections see them
 _NAIVE = "CREATE TABLE naive (id BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL)"
 _NAIVE_READ = "SELECT id FROM naive WHERE id > %s ORDER BY id"
-_OURS_READ = "SELECT cursor FROM rlgw_samples WHERE cursor > %s ORDER BY cursor"
+_OURS_READ = "SELECT cursor FROM samples WHERE cursor > %s ORDER BY cursor"
 Writer = Callable[[psycopg.Connection, int, str], list[int]]
 
 
@@ -65,7 +66,7 @@ def test_a_writer_holding_a_smaller_cursor_open_is_not_skipped(pg_url: str) -> N
     """Writer A takes the smaller cursor and holds its transaction open; writer B commits; the
     reader reads, then A commits, and the reader reads after the last cursor it saw."""
     store = PgTrajectoryStore.open(pg_url)
-    a, b, watcher = (psycopg.connect(pg_url) for _ in range(3))
+    a, b, watcher = (psycopg.connect(pg_url, options=PATH) for _ in range(3))
     watcher.autocommit = True
     watcher.execute(_NAIVE)
     try:
@@ -112,7 +113,7 @@ def _follow(
 
     def writer(k: int) -> None:
         rng = random.Random(k)
-        with psycopg.connect(url) as conn:
+        with psycopg.connect(url, options=PATH) as conn:
             for f in range(finishes):
                 ids = write(conn, rng.randint(1, 3), f"{k}-{f}")
                 time.sleep(rng.random() * 0.004)  # the transaction stays open after its ids are taken
@@ -123,7 +124,7 @@ def _follow(
     seen: list[int] = []
 
     def reader() -> None:
-        with psycopg.connect(url, autocommit=True) as conn:
+        with psycopg.connect(url, autocommit=True, options=PATH) as conn:
             last = 0
             while True:
                 finished = done.is_set()  # read once more after the last commit
@@ -153,16 +154,11 @@ def _follow(
 
 def test_a_follower_sees_every_row_of_concurrent_writers_exactly_once(pg_url: str) -> None:
     PgTrajectoryStore.open(pg_url).close_sync()
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_url, autocommit=True, options=PATH) as conn:
         conn.execute(_NAIVE)
 
     def ours(conn: Any, after: int) -> list[int]:
-        return [
-            r[0]
-            for r in conn.execute(
-                "SELECT cursor FROM rlgw_samples WHERE cursor > %s ORDER BY cursor", (after,)
-            )
-        ]
+        return [r[0] for r in conn.execute(_OURS_READ, (after,))]
 
     def naive(conn: Any, after: int) -> list[int]:
         return [r[0] for r in conn.execute(_NAIVE_READ, (after,))]

@@ -47,6 +47,7 @@ class Cluster:
     bin_dir: Path
     root: Path
     port: int
+    durable: bool = False  # fsync on, as a production server (benches); tests run without
     _serial: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     @property
@@ -67,8 +68,9 @@ class Cluster:
 
     def start(self) -> None:
         """Start the server (also after `stop`) and wait until it accepts connections."""
-        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        opts += " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        if not self.durable:
+            opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._run(
             "pg_ctl", "-D", str(self.data_dir), "-l", str(self.root / "server.log"), "-o", opts, "-w", "start"
         )
@@ -88,17 +90,18 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster() -> Iterator[Cluster]:
+def cluster(*, durable: bool = False) -> Iterator[Cluster]:
     """Create, start, and at the end stop and remove a cluster (raises if PostgreSQL is absent)."""
     bin_dir = find_bin_dir()
     if bin_dir is None:
         raise FileNotFoundError(INSTALL_HINT)
-    # Not under pytest's tmp dir: that is private to root, and the server runs as `nobody`.
-    root = Path(tempfile.mkdtemp(prefix="rlgw-pg-"))
+    # Not under pytest's tmp dir (private to root) when the server runs as `nobody`: under /tmp,
+    # whose parents `nobody` can traverse whatever $TMPDIR says.
+    root = Path(tempfile.mkdtemp(prefix="rlgw-pg-", dir="/tmp" if os.geteuid() == 0 else None))
     try:
         if os.geteuid() == 0:
             shutil.chown(root, UNPRIVILEGED)
-        c = Cluster(bin_dir, root, free_port())
+        c = Cluster(bin_dir, root, free_port(), durable)
         c._run("initdb", "-D", str(c.data_dir), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync")
         c.start()
         try:

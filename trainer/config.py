@@ -58,6 +58,7 @@ class ScaffoldRolloutsSpec(_Strict):
     concurrency: int = Field(4, ge=1)
     scaffold_options: dict[str, Any] = Field(default_factory=dict)
     sampling: dict[str, Any] | None = None
+    ray: str | None = None  # a Ray address: the runs become Ray tasks on that cluster (as `rlgw run --ray`)
 
 
 class LossSpec(_Strict):
@@ -213,5 +214,5 @@ class TrainConfig(_Strict):
             return ToolRollouts(r.groups, r.group_size, r.temperature, r.concurrency, self.seed)
         return ScaffoldRollouts(
             r.scaffold, r.tasks_file, r.groups, r.group_size, r.max_turns, r.concurrency, self.seed,
-            r.scaffold_options, r.sampling,
+            r.scaffold_options, r.sampling, r.ray,
         )  # fmt: skip

@@ -94,7 +94,15 @@ async def create_session(
         except BaseException:
             state.sessions.remove(session.id)  # not durable: not handed out
             raise
-    state.limits.session_opened(tenant, session.id)
+    if state.sessions.journal is not None and state.sessions.journal.shared:
+        # A fleet's balancer picks a session's gateway by the id this one just minted, so another
+        # gateway may serve it. Keep no copy here: a copy this gateway never sees the turns of goes
+        # stale, and it would serve from it if the session ever came here (its gateway dies and
+        # the hash ring picks this one). Whichever gateway serves it restores it from the journal.
+        # So the open-session cap, which counts what this gateway holds, does not apply here.
+        state.sessions.remove(session.id)
+    else:
+        state.limits.session_opened(tenant, session.id)
     base = state.public_url or str(request.base_url).rstrip("/")
     log.info(
         "session opened",

@@ -96,6 +96,8 @@ def read_frames(data: bytes) -> tuple[list[bytes], int]:
 class SessionJournal:
     """Journal of open sessions and their committed turns (see the module docstring)."""
 
+    shared = False  # gateways sharing a data dir are not told so (see README, Deployment)
+
     def __init__(self, path: Path, *, sync: str = "normal") -> None:
         if sync not in ("normal", "full"):
             raise ValueError("journal sync must be 'normal' or 'full'")

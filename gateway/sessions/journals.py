@@ -21,6 +21,9 @@ class Journal(Protocol):
 
     write_seconds: float
     writes: int
+    # Other gateways serve this journal's sessions too (a fleet): a gateway keeps no copy of a
+    # session it opens, and restores one only when it serves it.
+    shared: bool
 
     async def opened(self, session_id: str, doc: dict[str, Any], key_digest: bytes) -> None: ...
     async def turn(self, session_id: str, record: dict[str, Any]) -> None: ...

@@ -53,6 +53,8 @@ CREATE INDEX IF NOT EXISTS turns_by_session ON turns (session, seq);
 class PgSessionJournal:
     """Journal of open sessions and their committed turns in PostgreSQL (see the module docstring)."""
 
+    shared = True  # a fleet's gateways all use it
+
     def __init__(self, url: str, *, sync: str = "normal") -> None:
         if sync not in ("normal", "full"):
             raise ValueError("journal sync must be 'normal' or 'full'")

@@ -48,6 +48,16 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180.0, log: 
     raise TimeoutError(f"{url} not healthy after {timeout}s")
 
 
+def terminate(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM `proc` and wait for it; SIGKILL it if it is still there after `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def rlgw_process(args: list[str], health_path: str, port: int, env: dict | None = None) -> Iterator[str]:
     """Run `rlgw ARGS` (which must listen on `port`) and yield its base URL until the block ends.

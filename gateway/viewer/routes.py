@@ -5,6 +5,8 @@ turns, tool calls and parse errors, and every token coloured by kind with a logp
 sampled tokens. Tokens are not in the page: the page fetches them in pages from
 `/ui/api/samples/{cursor}/tokens` as the reader scrolls, so a 32k-token sample opens as fast as a
 short one. Pages are rendered on the server (Jinja2) with one small script; there is no build step.
+`/ui/training` charts a training run's receipts when the viewer was given their file
+(`viewer_app(receipts=...)`, i.e. `rlgw trajectories view --receipts`); `training.py` reads them.
 
 Access is the trajectory API's: under tenant keys a caller sees only its own tenant's runs. A
 browser cannot send a bearer header on navigation, so `/ui/login` keeps the key in an HttpOnly,

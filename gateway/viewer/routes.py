@@ -386,12 +386,7 @@ async def training_page(request: Request) -> Response:
         error="",
         rows=[{"iteration": r["iteration"], "cells": _receipt_cells(r)} for r in receipts],
         charts=training.charts(receipts),
-        width=training.WIDTH,
-        height=training.HEIGHT,
-        left=training.LEFT,
-        right=training.RIGHT,
-        top=training.TOP,
-        bottom=training.BOTTOM,
+        **training.BOX,
         **common,
     )
 

@@ -21,6 +21,7 @@ from typing import Any
 
 WIDTH, HEIGHT = 440, 170  # the SVG box of one chart
 LEFT, RIGHT, TOP, BOTTOM = 52, 10, 10, 24  # margins for the axis labels
+BOX = {"width": WIDTH, "height": HEIGHT, "left": LEFT, "right": RIGHT, "top": TOP, "bottom": BOTTOM}
 COLOURS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea")
 
 Getter = Callable[[dict[str, Any]], Any]

@@ -30,6 +30,7 @@ examples:
   rlgw trajectories export --format parquet --out batch.parquet --after 1200
   rlgw trajectories export --format jsonl | head -c 1000
   rlgw trajectories view --tokenizer tests/fixtures/tiny-qwen3   # then open http://127.0.0.1:8001/ui
+  rlgw trajectories view --data-dir WORK/store --receipts WORK/receipts.jsonl  # /ui/training
 """
 EXPORT_BATCH = 64
 
@@ -84,6 +85,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--tokenizer",
         default=None,
         help="tokenizer dir to show token text (default: none, token ids are shown)",
+    )
+    view.add_argument(
+        "--receipts",
+        type=Path,
+        default=None,
+        help="a `rlgw train` run's WORK_DIR/receipts.jsonl, charted at /ui/training (default: none)",
     )
     p.set_defaults(func=run)
 
@@ -140,7 +147,7 @@ def _view(data_dir: Path, args: argparse.Namespace) -> int:
     )
     try:
         uvicorn.run(
-            viewer_app(store, scope=args.tenant, tokenizer=tokenizer),
+            viewer_app(store, scope=args.tenant, tokenizer=tokenizer, receipts=args.receipts),
             host=args.host,
             port=args.port,
             log_config=None,

@@ -1,6 +1,6 @@
 """A real `rlgw serve` subprocess for the tenants, limits, metrics and operations tests.
 
-Unlike `tests.support.procs.rlgw_process` it keeps the process's output in a file (tests grep
+Unlike `tests.support.procs.rlgw_process` it keeps the process's log file after the run (tests grep
 the structured logs) and hands back the process itself (tests send it SIGTERM).
 """
 
@@ -44,7 +44,7 @@ def gateway(engine_url: str, tmp: Path, *args: str, env: dict[str, str] | None =
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url + "/healthz", proc)
+        wait_healthy(url + "/healthz", proc, log=log_path)
         yield Gateway(url, proc, data_dir, log_path)
     finally:
         if proc.poll() is None:

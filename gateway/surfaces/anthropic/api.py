@@ -4,8 +4,8 @@ Reachable as `/s/{session_id}/v1/messages` and as `/v1/messages` with the sessio
 `x-api-key` (the Anthropic SDK's header) or `Authorization: Bearer`. A request is validated as
 `MessagesRequest` and translated (`translate.py`) straight into the same chat turn as
 `/v1/chat/completions`, with surface `messages`; the finished turn, or its streamed items, are
-translated back. Every error on these
-routes answers in Anthropic's error format (`{"type": "error", "error": {...}}`).
+translated back. Every error on these routes answers in Anthropic's error format
+(`{"type": "error", "error": {...}}`).
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ Reachable as `/s/{session_id}/v1/responses` and as `/v1/responses` with the sess
 the bearer token. A request's items (after those of `previous_response_id`, which the session
 holds) are translated (`translate.py`) straight into the same chat turn as
 `/v1/chat/completions`, with surface `responses`; the finished turn, or its streamed items, are
-translated back. Errors use
-OpenAI's format, the gateway's default.
+translated back. Errors use OpenAI's format, the gateway's default.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import time
 import timeit
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -151,30 +152,53 @@ async def measure(gw: str, stub_url: str, surfaces: list[Surface], args: argpars
                     await r.read()
 
 
+def reply_turn(completion: dict[str, Any]) -> Any:
+    """The finished turn (`turns.messages.ChatTurn`) a ChatCompletion was built from."""
+    from rlgw.gateway.engine_client.backend import GenerationResult
+    from rlgw.gateway.parsing.output_parser import ParsedOutput, ToolCall
+    from rlgw.gateway.turns.messages import ChatTurn
+
+    msg, usage = completion["choices"][0]["message"], completion["usage"]
+    calls = msg.get("tool_calls") or []
+    parsed = ParsedOutput(
+        msg.get("content") or "",
+        msg.get("reasoning_content"),
+        [ToolCall(i, c["function"]["name"], c["function"]["arguments"]) for i, c in enumerate(calls)],
+        [],
+    )
+    n, prompt = usage["completion_tokens"], usage["prompt_tokens"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    result = GenerationResult("r", [0] * n, [0.0] * n, {"type": "stop"}, "0", prompt, cached)
+    ids = [c["id"] for c in calls]
+    return ChatTurn(completion["id"], completion["created"], parsed, ids, result, prompt, None, 0)
+
+
 def translation_cost(surfaces: list[Surface], number: int = 200) -> dict[str, float]:
     """In-process microseconds per turn of what differs between surfaces: request validation
-    and translation into the turn's parameters, and the reply's translation back (the
-    ChatCompletion every surface starts from is built by the shared turn, so it is left out)."""
+    and translation into the turn's parameters, and the finished turn's translation into the
+    surface's reply (the turn itself is shared, so it is left out)."""
     from rlgw.gateway.surfaces.anthropic import api as anthropic_api
     from rlgw.gateway.surfaces.anthropic import translate as at
-    from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params
-    from rlgw.gateway.surfaces.responses import api as responses_api
+    from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params, completion_doc
     from rlgw.gateway.surfaces.responses import translate as rt
 
     chat, messages, responses = surfaces
-    completion = chat.last_reply
+    model = chat.last_reply["model"]
+    turn = reply_turn(chat.last_reply)
+    profile = SimpleNamespace(name=model)  # all the ChatCompletion takes of the profile
 
     def chat_turn() -> None:
         chat_params(ChatCompletionRequest.model_validate(orjson.loads(chat.last_body)))
+        completion_doc(profile, turn)  # type: ignore[arg-type]
 
     def messages_turn() -> None:
         anthropic_api.turn_params(at.MessagesRequest.model_validate(orjson.loads(messages.last_body)))
-        at.message(completion)
+        at.message(turn, model)
 
     def responses_turn() -> None:
         req = rt.ResponsesRequest.model_validate(orjson.loads(responses.last_body))
-        responses_api.turn_params(req, rt.input_items(req.input), None)
-        rt.response(req, completion)
+        rt.turn_params(req, rt.input_items(req.input))
+        rt.response(req, turn, model)
 
     out = {}
     for name, fn in (("chat", chat_turn), ("messages", messages_turn), ("responses", responses_turn)):

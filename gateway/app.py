@@ -1,8 +1,10 @@
-"""The gateway application: configuration, start-up, and the FastAPI app.
+"""The gateway application: configuration, its typed state, start-up, and the FastAPI app.
 
-Start-up asks the engine what it serves (`/model_info`), loads that tokenizer and chat
-template (or the ones named by flags), probes the template, picks the output parsers, and
-opens the trajectory store. One pooled engine client per process lives in the lifespan.
+This is the composition root: it builds every room's parts and hands them to the routes as one
+`GatewayState` at `app.state`. Start-up asks the engine what it serves (`/model_info`), loads
+that tokenizer and chat template (or the ones named by flags), probes the template, picks the
+output parsers, and opens the trajectory store. One pooled engine client per process lives in
+the lifespan.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
@@ -30,12 +32,12 @@ from rlgw.gateway.http.errors import install_error_handlers, json_response
 from rlgw.gateway.ledger.ledger import Policy
 from rlgw.gateway.metrics import MeteredBackend
 from rlgw.gateway.model.profile import ModelProfile, build_profile
-from rlgw.gateway.model.template_probe import probe_template
+from rlgw.gateway.model.template_probe import ProbeReport, probe_template
 from rlgw.gateway.ops import api as ops_api
 from rlgw.gateway.serving.edge import Edge
 from rlgw.gateway.serving.routing import SESSION_ROUTES
 from rlgw.gateway.sessions import api as sessions_api
-from rlgw.gateway.sessions.journals import open_journal
+from rlgw.gateway.sessions.journals import Journal, open_journal
 from rlgw.gateway.sessions.table import SessionTable
 from rlgw.gateway.surfaces.anthropic import api as anthropic_api
 from rlgw.gateway.surfaces.chat_completions import api as chat_completions
@@ -46,9 +48,10 @@ from rlgw.gateway.tenancy.limits import Limits, LimitTable
 from rlgw.gateway.tenancy.store import TenantStore
 from rlgw.gateway.tenancy.tenants import KeyTable
 from rlgw.gateway.trajectories import api as trajectories_api
-from rlgw.gateway.trajectories.backends import open_store
+from rlgw.gateway.trajectories.backends import Store, open_store
 from rlgw.gateway.turns.lifecycle import DEFAULT_MAX_TOKENS
 from rlgw.gateway.viewer import routes as viewer
+from rlgw.gateway.viewer.routes import ViewerState
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,49 @@ class GatewayConfig:
     request_caps: RequestCaps = field(default_factory=RequestCaps)
 
 
+@dataclass
+class GatewayState:
+    """Everything the routes read, at `request.app.state`: one typed object the composition root
+    sets (no attribute is added or probed later).
+
+    The tables exist from `create_app` on; the parts that need the engine or the data directory
+    (the fields without a value here) are set by start-up, before the first request is served.
+    """
+
+    sessions: SessionTable
+    tenant_keys: KeyTable  # tenant keys and the admin key
+    limits: LimitTable  # per-tenant limits
+    request_caps: RequestCaps
+    public_url: str | None  # base URL agents reach this gateway at (None: the request's own)
+    default_policy: Policy
+    template_mismatch_allowed: bool
+    # Set by start-up:
+    backend: MeteredBackend = field(init=False)
+    profile: ModelProfile = field(init=False)
+    vocab_size: int = field(init=False)
+    probe: ProbeReport = field(init=False)
+    store: Store = field(init=False)
+    tenant_store: TenantStore = field(init=False)
+    viewer: ViewerState = field(init=False)
+
+    @classmethod
+    def of(cls, config: GatewayConfig, journal: Journal) -> GatewayState:
+        """The state before start-up: the session, key and limit tables, from `config`."""
+        keys = KeyTable()
+        for key, tenant in config.tenant_keys.items():
+            keys.add(key, tenant)
+        keys.set_admin_key(config.admin_key)
+        return cls(
+            sessions=SessionTable(journal),
+            tenant_keys=keys,
+            limits=LimitTable(config.default_limits),
+            request_caps=config.request_caps,
+            public_url=config.public_url.rstrip("/") if config.public_url else None,
+            default_policy=config.default_policy,
+            template_mismatch_allowed=config.allow_template_mismatch,
+        )
+
+
 async def _engine_info(backend: SGLangBackend, wait: float) -> dict[str, Any]:
     deadline = time.monotonic() + wait
     while True:
@@ -96,20 +142,84 @@ async def _engine_info(backend: SGLangBackend, wait: float) -> dict[str, Any]:
             await asyncio.sleep(0.5)
 
 
-async def _sweep_sessions(app: FastAPI, ttl: float) -> None:
+async def load_model(backend: SGLangBackend, config: GatewayConfig) -> tuple[ModelProfile, ProbeReport]:
+    """Start-up, step 2: what the engine serves, its tokenizer and template, and the template probe
+    (a template that cannot be rendered incrementally stops start-up unless allowed)."""
+    info = await _engine_info(backend, config.engine_wait)
+    profile = await asyncio.to_thread(
+        functools.partial(
+            build_profile,
+            info,
+            tokenizer=config.tokenizer,
+            chat_template=config.chat_template,
+            tool_parser=config.tool_parser,
+            reasoning_parser=config.reasoning_parser,
+            context_length=config.context_length,
+            served_model_name=config.served_model_name,
+        )
+    )
+    profile.default_max_tokens = config.default_max_tokens
+    report = probe_template(profile.renderer)
+    if not report.increment_matches_full_render and not config.allow_template_mismatch:
+        raise StartupError(
+            "the chat template cannot be rendered incrementally without changing what the model "
+            f"would see ({report.summary()}); fix the template (--chat-template) or start with "
+            "--allow-template-mismatch"
+        )
+    return profile, report
+
+
+def freeze_heap() -> None:
+    """Start-up, step 3: keep what lives as long as the process out of the cyclic collector."""
+    # Everything loaded so far (tokenizer, template, modules) lives as long as the process:
+    # keep it out of the cyclic collector's generations so collections stay cheap.
+    gc.freeze()
+    # A turn's parsed request is thousands of objects freed by reference counting; at the
+    # default threshold (700) hundreds of turns in flight were scanned and promoted again
+    # and again (256-session load in bench/gateway.py on a busy machine: 508 and 596 turns/s
+    # at the default, 571 and 612 with this).
+    gc.set_threshold(50_000, 50, 100)
+
+
+async def restore_sessions(state: GatewayState, journal: Journal) -> None:
+    """Start-up, step 4: the journal's open sessions back in the table (those stored are done)."""
+    finished = await state.store.stored_sessions(journal.session_ids())
+    restored = state.sessions.restore_all(finished)
+    if restored:
+        log.info("sessions restored from the journal", extra={"fields": {"sessions": restored}})
+
+
+async def _sweep_sessions(sessions: SessionTable, ttl: float) -> None:
     """Forget sessions idle longer than `ttl`: an agent that died must not hold memory forever."""
     while True:
         await asyncio.sleep(min(60.0, ttl / 4))
-        for session in app.state.sessions.expired(ttl):
-            app.state.sessions.remove(session.id)
-            if app.state.sessions.journal is not None:
-                await app.state.sessions.journal.closed(session.id)
+        for session in sessions.expired(ttl):
+            sessions.remove(session.id)
+            if sessions.journal is not None:
+                await sessions.journal.closed(session.id)
             log.warning(
                 "idle session dropped",
                 extra={
                     "fields": {"session": session.id, "task": session.task_id, "finished": session.finished}
                 },
             )
+
+
+def _log_ready(config: GatewayConfig, profile: ModelProfile, report: ProbeReport) -> None:
+    log.info(
+        "gateway ready",
+        extra={
+            "fields": {
+                "engine": config.engine_url,
+                "model": profile.name,
+                "context_length": profile.context_length,
+                "tool_format": profile.tool_format,
+                "reasoning": profile.reasoning,
+                "template": report.summary(),
+                "data_dir": str(config.data_dir),
+            }
+        },
+    )
 
 
 class _EdgeFirst(FastAPI):
@@ -128,118 +238,65 @@ class _EdgeFirst(FastAPI):
 
 def create_app(config: GatewayConfig) -> FastAPI:
     """The gateway as an ASGI app; start-up needs the engine to answer `/model_info`."""
+    journal = open_journal(config.journal, config.data_dir, sync=config.journal_sync)
+    state = GatewayState.of(config, journal)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        backend = MeteredBackend(make_backend(config.engine_kind, config.engine_url))
-        store = open_store(config.store, config.data_dir)
-        tenant_store = TenantStore.open(config.data_dir)
+        # Step 1: the engine client and the stores (closed whatever happens next).
+        state.backend = MeteredBackend(make_backend(config.engine_kind, config.engine_url))
+        state.store = open_store(config.store, config.data_dir)
+        state.tenant_store = TenantStore.open(config.data_dir)
         try:
-            app.state.tenant_store = tenant_store
-            admin_api.apply_tenants(tenant_store, app.state.tenant_keys, app.state.limits)
-            info = await _engine_info(backend, config.engine_wait)
-            profile = await asyncio.to_thread(
-                functools.partial(
-                    build_profile,
-                    info,
-                    tokenizer=config.tokenizer,
-                    chat_template=config.chat_template,
-                    tool_parser=config.tool_parser,
-                    reasoning_parser=config.reasoning_parser,
-                    context_length=config.context_length,
-                    served_model_name=config.served_model_name,
-                )
+            admin_api.apply_tenants(state.tenant_store, state.tenant_keys, state.limits)
+            state.profile, state.probe = await load_model(state.backend, config)  # step 2
+            state.vocab_size = len(state.profile.tokenizer)
+            state.viewer = ViewerState(
+                state.store, state.tenant_keys, state.profile.tokenizer, state.profile.tool_format
             )
-            profile.default_max_tokens = config.default_max_tokens
-            report = probe_template(profile.renderer)
-            if not report.increment_matches_full_render and not config.allow_template_mismatch:
-                raise StartupError(
-                    "the chat template cannot be rendered incrementally without changing what the model "
-                    f"would see ({report.summary()}); fix the template (--chat-template) or start with "
-                    "--allow-template-mismatch"
-                )
-            app.state.backend = backend
-            app.state.profile = profile
-            app.state.vocab_size = len(profile.tokenizer)
-            app.state.store = store
-            app.state.probe = report
-            log.info(
-                "gateway ready",
-                extra={
-                    "fields": {
-                        "engine": config.engine_url,
-                        "model": profile.name,
-                        "context_length": profile.context_length,
-                        "tool_format": profile.tool_format,
-                        "reasoning": profile.reasoning,
-                        "template": report.summary(),
-                        "data_dir": str(config.data_dir),
-                    }
-                },
-            )
-            # Everything loaded so far (tokenizer, template, modules) lives as long as the process:
-            # keep it out of the cyclic collector's generations so collections stay cheap.
-            gc.freeze()
-            # A turn's parsed request is thousands of objects freed by reference counting; at the
-            # default threshold (700) hundreds of turns in flight were scanned and promoted again
-            # and again (256-session load in bench/gateway.py on a busy machine: 508 and 596 turns/s
-            # at the default, 571 and 612 with this).
-            gc.set_threshold(50_000, 50, 100)
-            finished = await store.stored_sessions(journal.session_ids())
-            restored = app.state.sessions.restore_all(finished)
-            if restored:
-                log.info("sessions restored from the journal", extra={"fields": {"sessions": restored}})
-            sweeper = asyncio.create_task(_sweep_sessions(app, config.session_ttl))
-            tenant_sync = asyncio.create_task(admin_api.sync_loop(app))
+            _log_ready(config, state.profile, state.probe)
+            freeze_heap()  # step 3
+            await restore_sessions(state, journal)  # step 4
+            # Step 5: the background loops, for as long as the app serves.
+            loops = [
+                asyncio.create_task(_sweep_sessions(state.sessions, config.session_ttl)),
+                asyncio.create_task(admin_api.sync_loop(app)),
+            ]
             yield
-            sweeper.cancel()
-            tenant_sync.cancel()
+            for task in loops:
+                task.cancel()
         finally:
-            await backend.aclose()
-            await store.close()
-            tenant_store.close()
+            await state.backend.aclose()
+            await state.store.close()
+            state.tenant_store.close()
             journal.close()
 
     app = _EdgeFirst(title="rlgw", lifespan=lifespan)
-    journal = open_journal(config.journal, config.data_dir, sync=config.journal_sync)
-    app.state.sessions = SessionTable(journal)
-    app.state.tenant_keys = KeyTable()
-    for key, tenant in config.tenant_keys.items():
-        app.state.tenant_keys.add(key, tenant)
-    app.state.public_url = config.public_url.rstrip("/") if config.public_url else None
-    app.state.default_policy = config.default_policy
-    app.state.tenant_keys.set_admin_key(config.admin_key)
-    app.state.limits = LimitTable(config.default_limits)
-    app.state.request_caps = config.request_caps
-    app.state.template_mismatch_allowed = config.allow_template_mismatch
+    app.state = state  # type: ignore[assignment]  # the routes' one typed state
     install_error_handlers(app)
     # The one middleware: meter, body cap and limits for every request, and the turn routes.
     app.edge = {
-        "table": app.state.limits,
+        "table": state.limits,
         "max_body_bytes": config.request_caps.max_body_bytes,
         "routes": SESSION_ROUTES,
     }
-    app.include_router(chat_completions.router)
-    app.include_router(completions.router)
-    app.include_router(sessions_api.router)
-    app.include_router(trajectories_api.router)
-    app.include_router(admin_api.router)
-    app.include_router(ops_api.router)
-    app.include_router(anthropic_api.router)
-    app.include_router(responses_api.router)
-    app.include_router(viewer.router)
-
-    @app.get("/health")
-    async def health(request: Request) -> Response:
-        """200 once start-up finished."""
-        open_, finished = request.app.state.sessions.counts()
-        return json_response(200, {"status": "ok", "sessions": {"open": open_, "finished": finished}})
+    for module in (
+        chat_completions,
+        completions,
+        sessions_api,
+        trajectories_api,
+        admin_api,
+        ops_api,
+        anthropic_api,
+        responses_api,
+        viewer,
+    ):
+        app.include_router(module.router)
 
     @app.get("/v1/gateway/info")
-    async def info(request: Request) -> Response:
+    async def info() -> Response:
         """What the gateway serves and what its template probe found."""
-        state = request.app.state
-        p: ModelProfile = state.profile
+        p = state.profile
         return json_response(
             200,
             {

@@ -1,4 +1,5 @@
-"""Operations routes: `/healthz` (the process is up), `/readyz` (it can serve), `/metrics`.
+"""Operations routes: `/healthz` (the process is up; `/health` is its alias), `/readyz` (it can
+serve), `/metrics`.
 
 `/readyz` checks what a turn needs, each with a short timeout: the engine answers
 `/model_info`, the trajectory store's and the session journal's files take a write lock, and
@@ -38,9 +39,12 @@ async def _check(name: str, work: Any) -> tuple[str, str | None]:
 
 
 @router.get("/healthz")
-async def healthz() -> Response:
-    """200 while the process serves HTTP (liveness)."""
-    return json_response(200, {"status": "ok"})
+@router.get("/health")  # the name tests and scripts have waited on since the first release
+async def healthz(request: Request) -> Response:
+    """200 while the process serves HTTP (liveness; uvicorn serves only once start-up finished),
+    with the session table's counts."""
+    open_, finished = request.app.state.sessions.counts()
+    return json_response(200, {"status": "ok", "sessions": {"open": open_, "finished": finished}})
 
 
 @router.get("/readyz")

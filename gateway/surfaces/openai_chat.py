@@ -1,11 +1,11 @@
 """OpenAI's chat shapes over the message turn: the request validated into `ChatParams`, and the
 ChatCompletion and its chunks built from what the turn returns or yields.
 
-Chat Completions serves these shapes as they are (`chat_completions/`); Anthropic Messages and
-OpenAI Responses translate their requests into a chat request and the replies back
-(`anthropic/translate.py`, `responses/translate.py`), so every message surface validates and
-answers through this one module. The turn itself is `turns/messages.py`'s. Fields real clients
-send that rlgw does not use are ignored; fields it cannot honour are a 400, never a silent change.
+Chat Completions serves these shapes as they are (`chat_completions/`). Anthropic Messages and
+OpenAI Responses do not pass through them: each translates its own request and replies
+(`message_turn.py` holds the checks all three share). The turn itself is `turns/messages.py`'s.
+Fields real clients send that rlgw does not use are ignored; fields it cannot honour are a 400,
+never a silent change.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.model.profile import ModelProfile
 from rlgw.gateway.model.render import check_template_kwargs
 from rlgw.gateway.sessions.table import Session
+from rlgw.gateway.surfaces.message_turn import check_tool_choice
 from rlgw.gateway.turns.messages import (
     ChatDelta,
     ChatParams,
@@ -98,21 +99,11 @@ def _check_messages(messages: list[Any]) -> list[dict[str, Any]]:
 
 
 def _check_tools(req: ChatCompletionRequest) -> None:
-    names = set()
     for i, t in enumerate(req.tools or []):
         fn = t.get("function") if isinstance(t, dict) else None
         if t.get("type", "function") != "function" or not isinstance(fn, dict) or not fn.get("name"):
             raise InvalidRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}")
-        names.add(fn["name"])
-    choice = req.tool_choice
-    if isinstance(choice, str) and choice not in ("auto", "none", "required"):
-        raise InvalidRequest("tool_choice must be 'auto', 'none', 'required' or a named function")
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        if name not in names:
-            raise InvalidRequest(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-    if choice not in (None, "none", "auto") and not req.tools:
-        raise InvalidRequest(f"tool_choice={choice!r} needs tools", param="tool_choice")
+    check_tool_choice(req.tools, req.tool_choice)
 
 
 def _constraints(req: ChatCompletionRequest) -> dict[str, Any]:
@@ -196,25 +187,15 @@ def _logprobs_doc(entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
     }
 
 
-def _usage(profile: ModelProfile, turn: ChatTurn) -> dict[str, Any]:
+def _usage(turn: ChatTurn) -> dict[str, Any]:
     n_in, n_out = turn.prompt_tokens, len(turn.result.output_ids)
     return {
         "prompt_tokens": n_in,
         "completion_tokens": n_out,
         "total_tokens": n_in + n_out,
         "prompt_tokens_details": {"cached_tokens": turn.result.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": _reasoning_tokens(profile, turn)},
+        "completion_tokens_details": {"reasoning_tokens": turn.reasoning_tokens},
     }
-
-
-def _reasoning_tokens(profile: ModelProfile, turn: ChatTurn) -> int:
-    """Sampled tokens up to and including the one that closed the reasoning (all of them if the
-    reasoning never closed)."""
-    if not turn.parsed.reasoning_content:
-        return 0
-    ids = turn.result.output_ids
-    end = profile.think_end_id
-    return ids.index(end) + 1 if end is not None and end in ids else len(ids)
 
 
 def completion_doc(profile: ModelProfile, turn: ChatTurn) -> dict[str, Any]:
@@ -248,7 +229,7 @@ def completion_doc(profile: ModelProfile, turn: ChatTurn) -> dict[str, Any]:
         "created": turn.created,
         "model": profile.name,
         "choices": [choice],
-        "usage": _usage(profile, turn),
+        "usage": _usage(turn),
         "metadata": {"weight_version": turn.result.weight_version},
     }
 
@@ -326,5 +307,5 @@ async def stream_turn(
                     "created": created,
                     "model": model,
                     "choices": [],
-                    "usage": _usage(profile, item),
+                    "usage": _usage(item),
                 }

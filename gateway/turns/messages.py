@@ -86,6 +86,7 @@ class ChatTurn:
     result: GenerationResult
     prompt_tokens: int
     logprobs: list[TokenLogprob] | None
+    reasoning_tokens: int  # sampled tokens of the reasoning, up to the one that closed it
 
     @property
     def finish_reason(self) -> str:
@@ -253,6 +254,15 @@ def token_logprobs(
     ]
 
 
+def reasoning_tokens(profile: ModelProfile, parsed: ParsedOutput, ids: list[int]) -> int:
+    """Sampled tokens up to and including the one that closed the reasoning (all of them if the
+    reasoning never closed; 0 without reasoning)."""
+    if not parsed.reasoning_content:
+        return 0
+    end = profile.think_end_id
+    return ids.index(end) + 1 if end is not None and end in ids else len(ids)
+
+
 def _check_calls(params: ChatParams, parsed: ParsedOutput) -> None:
     # Calls are never dropped (the sampled tokens contain them all); a request that forbade
     # parallel calls, or required one, gets the breach flagged in the sample's metadata.
@@ -349,7 +359,16 @@ async def run_chat(
         if params.logprobs
         else None
     )
-    return ChatTurn(response_id, int(time.time()), parsed, call_ids, result, len(plan.input_ids), lps)
+    return ChatTurn(
+        response_id,
+        int(time.time()),
+        parsed,
+        call_ids,
+        result,
+        len(plan.input_ids),
+        lps,
+        reasoning_tokens(profile, parsed, result.output_ids),
+    )
 
 
 async def stream_chat(
@@ -401,7 +420,16 @@ async def stream_chat(
         await _commit(
             profile, turn, plan, result, parsed, call_ids, response_id, overridden, params.notes, sampling
         )
-    yield ChatTurn(response_id, created, parsed, call_ids, result, len(plan.input_ids), pending or None)
+    yield ChatTurn(
+        response_id,
+        created,
+        parsed,
+        call_ids,
+        result,
+        len(plan.input_ids),
+        pending or None,
+        reasoning_tokens(profile, parsed, result.output_ids),
+    )
 
 
 def _delta(ev: ParserEvent, call_ids: list[str]) -> ChatDelta | None:

@@ -11,8 +11,10 @@ short one. Pages are rendered on the server (Jinja2) with one small script; ther
 Access is the trajectory API's: under tenant keys a caller sees only its own tenant's runs. A
 browser cannot send a bearer header on navigation, so `/ui/login` keeps the key in an HttpOnly,
 SameSite=Strict cookie scoped to `/ui`, read only by these routes (the viewer has no state-changing
-route that a forged request could abuse). `rlgw trajectories view` mounts the same router on a store
-without a gateway, with a fixed scope (`app.state.viewer_scope`: a tenant, or None for all).
+route that a forged request could abuse). Whoever mounts the router sets a `ViewerState` at
+`app.state.viewer`: the gateway at start-up (tenant keys asked, the served model's tokenizer), and
+`rlgw trajectories view` on a store without a gateway (`viewer_app`: offline, with a fixed scope, a
+tenant or None for all).
 
 This module owns the routes and the HTML; what is shown is computed by `data.py`, and it only
 ever reads from `store.TrajectoryStore`.
@@ -25,6 +27,7 @@ import math
 import time
 import urllib.parse
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -63,27 +66,69 @@ class _Denied(Exception):
     """No valid tenant key: HTML routes answer the login form, JSON routes a 401."""
 
 
+class _ViewCache:
+    """The last few samples' token views: scrolling a 32k-token sample asks for many pages of one view."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._size = size
+        self._items: OrderedDict[int, viewer_data.TokenView] = OrderedDict()
+
+    def get(self, cursor: int) -> viewer_data.TokenView | None:
+        view = self._items.get(cursor)
+        if view is not None:
+            self._items.move_to_end(cursor)
+        return view
+
+    def put(self, cursor: int, view: viewer_data.TokenView) -> None:
+        self._items[cursor] = view
+        while len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+
+@dataclass
+class ViewerState:
+    """What the viewer reads, at `app.state.viewer`: set by whoever mounts the router."""
+
+    store: TrajectoryStore
+    keys: KeyTable  # the tenant keys a caller logs in with (offline: none asked)
+    tokenizer: Any | None  # decodes the token view (None: ids only)
+    tool_format: str | None  # the tool-call format sampled text is parsed by
+    offline: bool = False  # no gateway: the scope is fixed (`scope`) and no key is asked
+    scope: str | None = None  # offline: the one tenant shown (None: all)
+    receipts: Path | None = None  # offline: a `rlgw train` run's receipts file (the training page)
+    cache: _ViewCache = field(default_factory=_ViewCache)
+
+
+def tool_format_of(tokenizer: Any | None) -> str | None:
+    """The tool-call format a tokenizer's chat template teaches (None: none, or no tokenizer)."""
+    return detect_tool_format(getattr(tokenizer, "chat_template", None)) if tokenizer is not None else None
+
+
+def _viewer(request: Request) -> ViewerState:
+    return request.app.state.viewer
+
+
 def _scope(request: Request) -> str | None:
     """The tenant whose runs the caller may see (`None`: all tenants, offline viewer only).
 
     The trajectory API's own check (`require_tenant`: open gateway, or a bearer tenant key) first;
     failing that, the key the login form left in the viewer's cookie.
     """
-    state = request.app.state
-    if hasattr(state, "viewer_scope"):
-        return state.viewer_scope
+    viewer = _viewer(request)
+    if viewer.offline:
+        return viewer.scope
     try:
         return require_tenant(request)
     except (HTTPException, APIError):
         key = request.cookies.get(COOKIE)
-        owner = state.tenant_keys.owner(key) if key else None
+        owner = viewer.keys.owner(key) if key else None
         if owner is None:
             raise _Denied from None
         return owner
 
 
 def _store(request: Request) -> TrajectoryStore:
-    return request.app.state.store
+    return _viewer(request).store
 
 
 def _page(name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -176,59 +221,19 @@ async def runs_page(
 
 
 def _uses_keys(request: Request) -> bool:
-    return not hasattr(request.app.state, "viewer_scope") and len(request.app.state.tenant_keys) > 0
+    viewer = _viewer(request)
+    return not viewer.offline and len(viewer.keys) > 0
 
 
 # -- one run -----------------------------------------------------------------------------------
 
 
-class _ViewCache:
-    """The last few samples' token views: scrolling a 32k-token sample asks for many pages of one view."""
-
-    def __init__(self, size: int = 8) -> None:
-        self._size = size
-        self._items: OrderedDict[int, viewer_data.TokenView] = OrderedDict()
-
-    def get(self, cursor: int) -> viewer_data.TokenView | None:
-        view = self._items.get(cursor)
-        if view is not None:
-            self._items.move_to_end(cursor)
-        return view
-
-    def put(self, cursor: int, view: viewer_data.TokenView) -> None:
-        self._items[cursor] = view
-        while len(self._items) > self._size:
-            self._items.popitem(last=False)
-
-
-def _tokenizer(request: Request) -> Any | None:
-    state = request.app.state
-    if hasattr(state, "viewer_tokenizer"):
-        return state.viewer_tokenizer
-    profile = getattr(state, "profile", None)
-    return profile.tokenizer if profile is not None else None
-
-
-def _tool_format(request: Request, tokenizer: Any | None) -> str | None:
-    profile = getattr(request.app.state, "profile", None)
-    if profile is not None:
-        return profile.tool_format
-    return detect_tool_format(getattr(tokenizer, "chat_template", None)) if tokenizer is not None else None
-
-
-def _view_cache(request: Request) -> _ViewCache:
-    state = request.app.state
-    if not hasattr(state, "viewer_cache"):
-        state.viewer_cache = _ViewCache()
-    return state.viewer_cache
-
-
 async def _token_view(request: Request, stored: StoredSample) -> viewer_data.TokenView:
-    cache = _view_cache(request)
-    view = cache.get(stored.cursor)
+    viewer = _viewer(request)
+    view = viewer.cache.get(stored.cursor)
     if view is None:
-        view = await asyncio.to_thread(viewer_data.token_view, stored.sample, _tokenizer(request))
-        cache.put(stored.cursor, view)
+        view = await asyncio.to_thread(viewer_data.token_view, stored.sample, viewer.tokenizer)
+        viewer.cache.put(stored.cursor, view)
     return view
 
 
@@ -245,9 +250,9 @@ async def _run_segments(store: TrajectoryStore, scope: str | None, cursor: int) 
 
 
 async def _segment(request: Request, scope: str | None, summary: Any) -> dict[str, Any]:
-    stored = await _store(request).get(scope, summary.cursor)
+    viewer = _viewer(request)
+    stored = await viewer.store.get(scope, summary.cursor)
     assert stored is not None  # its summary was just read under the same scope
-    tokenizer = _tokenizer(request)
     view = await _token_view(request, stored)
     sample = stored.sample
     shown_meta = {
@@ -256,7 +261,7 @@ async def _segment(request: Request, scope: str | None, summary: Any) -> dict[st
         if k not in ("tool_parse_errors", "engine_rids", "response_ids", "turn_finish")
     }
     turns = viewer_data.turns(
-        sample, view.texts if tokenizer is not None else None, _tool_format(request, tokenizer)
+        sample, view.texts if viewer.tokenizer is not None else None, viewer.tool_format
     )
     rids = sample.metadata.get("engine_rids") or []
     return {
@@ -309,7 +314,7 @@ async def run_page(request: Request, cursor: Annotated[int, PathParam(ge=1, le=M
         rollout_id=run.first.rollout_id,
         group_index=run.first.group_index,
         segments=segments,
-        has_tokenizer=_tokenizer(request) is not None,
+        has_tokenizer=_viewer(request).tokenizer is not None,
         page_size=TOKEN_PAGE,
         logout=_uses_keys(request),
     )
@@ -347,7 +352,7 @@ async def sample_tokens(
 
 def _receipts(request: Request) -> Path | None:
     """The receipts file this viewer was pointed at (`rlgw trajectories view --receipts`), if any."""
-    return getattr(request.app.state, "viewer_receipts", None)
+    return _viewer(request).receipts
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -423,8 +428,7 @@ async def login(request: Request) -> Response:
     target = (form.get("next") or ["/ui"])[0]
     if not target.startswith("/ui"):  # never redirect off the viewer (open-redirect guard)
         target = "/ui"
-    table: KeyTable = request.app.state.tenant_keys
-    if not key or table.owner(key) is None:
+    if not key or _viewer(request).keys.owner(key) is None:
         return _login_page(request, error="That key is not a tenant key of this gateway.")
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(
@@ -467,11 +471,9 @@ def viewer_app(
     app = FastAPI(title="rlgw viewer", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     app.include_router(router)
-    app.state.store = store
-    app.state.viewer_scope = scope
-    app.state.viewer_tokenizer = tokenizer
-    app.state.viewer_receipts = receipts
-    app.state.tenant_keys = KeyTable()
+    app.state.viewer = ViewerState(
+        store, KeyTable(), tokenizer, tool_format_of(tokenizer), offline=True, scope=scope, receipts=receipts
+    )
 
     @app.get("/")
     async def root() -> Response:

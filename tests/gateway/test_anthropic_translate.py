@@ -1,4 +1,4 @@
-"""The Messages surface's translation: Anthropic requests -> chat requests, replies and events back."""
+"""The Messages surface's translation: Anthropic requests -> the chat turn, replies and events back."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from pydantic import TypeAdapter
 
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.surfaces.anthropic import translate as at
-from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params
-from tests.support import surface_chunks as sc
+from tests.support import surface_turn as st
 
 CONVERSATION: list[dict[str, Any]] = [
     {
@@ -98,34 +97,32 @@ def test_request_maps_tools_choice_thinking_and_sampling_into_chat_params() -> N
         metadata={"user_id": "u"},
         stream=True,
     )
-    body = at.chat_request(req)
-    assert body["tools"] == [
+    params = at.turn_params(req)
+    assert params.tools == [
         {
             "type": "function",
             "function": {"name": "get_weather", "description": "Weather.", "parameters": {"type": "object"}},
         }
     ]
-    params = chat_params(ChatCompletionRequest.model_validate(body))
     assert params.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
     assert params.parallel_tool_calls is False
     assert params.template_kwargs == {"enable_thinking": True}
     assert params.sampling == {"temperature": 0.5, "top_k": 5, "stop": ["END"]}
-    assert params.max_tokens == 64 and params.stream and params.include_usage
+    assert params.max_tokens == 64 and params.stream and params.surface == "messages"
 
 
 @pytest.mark.parametrize(("choice", "expected"), [("any", "required"), ("auto", "auto"), ("none", "none")])
 def test_tool_choice_kinds(choice: str, expected: str) -> None:
     req = request(tools=[{"name": "t", "input_schema": {}}], tool_choice={"type": choice})
-    assert at.chat_request(req)["tool_choice"] == expected
+    assert at.turn_params(req).tool_choice == expected
 
 
 def test_thinking_disabled_turns_the_switch_off_and_chat_template_kwargs_win() -> None:
-    assert at.chat_request(request(thinking={"type": "disabled"}))["chat_template_kwargs"] == {
-        "enable_thinking": False
-    }
+    params = at.turn_params(request(thinking={"type": "disabled"}))
+    assert params.template_kwargs == {"enable_thinking": False}
     req = request(thinking={"type": "disabled"}, chat_template_kwargs={"enable_thinking": True})
-    assert at.chat_request(req)["chat_template_kwargs"] == {"enable_thinking": True}
-    assert at.chat_request(request())["chat_template_kwargs"] == {}
+    assert at.turn_params(req).template_kwargs == {"enable_thinking": True}
+    assert at.turn_params(request()).template_kwargs == {}
 
 
 @pytest.mark.parametrize(
@@ -149,11 +146,11 @@ def test_thinking_disabled_turns_the_switch_off_and_chat_template_kwargs_win() -
 def test_unsupported_shapes_are_400s(messages: list, tools: list | None, words: str) -> None:
     req = at.MessagesRequest.model_validate({"max_tokens": 8, "messages": messages, "tools": tools})
     with pytest.raises(InvalidRequest, match=words):
-        at.chat_request(req)
+        at.turn_params(req)
 
 
-def test_completion_becomes_a_message_with_the_minted_tool_ids() -> None:
-    msg = at.message(sc.completion())
+def test_a_turn_becomes_a_message_with_the_minted_tool_ids() -> None:
+    msg = at.message(st.turn(), st.MODEL)
     assert msg["id"] == "msg_0123abcd" and msg["stop_reason"] == "tool_use"
     assert msg["content"] == [
         {"type": "thinking", "thinking": "Two cities.", "signature": ""},
@@ -162,7 +159,7 @@ def test_completion_becomes_a_message_with_the_minted_tool_ids() -> None:
         {"type": "tool_use", "id": "call_bbb", "name": "get_weather", "input": {"city": "Tokyo"}},
     ]
     assert msg["usage"] == {
-        "input_tokens": 42,
+        "input_tokens": 42,  # the prompt's 50 tokens less the 8 read from the cache
         "output_tokens": 20,
         "cache_read_input_tokens": 8,
         "cache_creation_input_tokens": 0,
@@ -184,8 +181,8 @@ def test_stop_reasons(finish: str, matched: Any, expected: tuple) -> None:
 
 
 def test_stream_events_follow_anthropics_sequence_and_accumulate_to_the_plain_reply() -> None:
-    stream = at.MessageStream()
-    events = [e for chunk in sc.chunks() for e in stream.feed(chunk)]
+    stream = at.MessageStream(st.MODEL)
+    events = [e for item in st.items() for e in stream.feed(item)]
     summary = [
         (e["type"], e.get("index"), (e.get("delta") or e.get("content_block") or {}).get("type"))
         for e in events
@@ -204,6 +201,7 @@ def test_stream_events_follow_anthropics_sequence_and_accumulate_to_the_plain_re
         ("content_block_delta", 2, "input_json_delta"),
         ("content_block_stop", 2, None),
         ("content_block_start", 3, "tool_use"),
+        ("content_block_delta", 3, "input_json_delta"),  # the arguments as they were sampled
         ("content_block_delta", 3, "input_json_delta"),
         ("content_block_stop", 3, None),
         ("message_delta", None, None),
@@ -218,12 +216,12 @@ def test_stream_events_follow_anthropics_sequence_and_accumulate_to_the_plain_re
     for e in events:
         snapshot = accumulate_event(event=e, current_snapshot=snapshot, json_bufs=bufs)
     assert snapshot is not None
-    plain = at.message(sc.completion())
+    plain = at.message(st.turn(), st.MODEL)
     got = snapshot.to_dict()
     for key in ("id", "content", "stop_reason", "stop_sequence", "usage"):
         assert got[key] == plain[key], key
 
 
 def test_a_reply_validates_as_the_sdks_message_type() -> None:
-    msg = Message.model_validate(at.message(sc.completion()))
+    msg = Message.model_validate(at.message(st.turn(), st.MODEL))
     assert [b.type for b in msg.content] == ["thinking", "text", "tool_use", "tool_use"]

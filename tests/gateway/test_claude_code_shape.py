@@ -19,7 +19,7 @@ import anthropic
 import numpy as np
 import pytest
 
-from rlgw.gateway.surfaces.anthropic.translate import MessagesInput, chat_request
+from rlgw.gateway.surfaces.anthropic.translate import MessagesInput, turn_params
 from tests.support.e2e import Stack, finish, mask_runs, open_session, stack, stored
 
 pytestmark = pytest.mark.slow
@@ -175,12 +175,12 @@ def test_claude_code_requests_are_accepted_and_recorded_as_one_sample(qwen3: Sta
         assert tokens[a:b].tolist() == ex.output_ids and ex.input_ids == tokens[:a].tolist()
     assert second.usage.output_tokens == runs[1][1] - runs[1][0]
     # Mask 0 of the first prompt: the template's render of the translated conversation.
-    body = chat_request(
+    params = turn_params(
         MessagesInput(messages=HISTORY, system=SYSTEM, tools=TOOLS, thinking={"type": "enabled"})
     )
     prompt = qwen3.tokenizer.apply_chat_template(
-        body["messages"],
-        tools=body["tools"],
+        params.messages,
+        tools=params.tools,
         add_generation_prompt=True,
         tokenize=False,
         enable_thinking=True,

@@ -21,11 +21,11 @@ from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.ledger.ledger import Ledger, Policy
 from rlgw.gateway.model.profile import ModelProfile
 from rlgw.gateway.model.render import ChatRenderer
+from rlgw.gateway.parsing.output_parser import ToolCall
 from rlgw.gateway.sessions.table import Mode, Session
 from rlgw.gateway.surfaces.responses import translate as rt
-from rlgw.gateway.surfaces.responses.api import turn_params
 from rlgw.gateway.turns.lifecycle import engine_sampling
-from tests.support import surface_chunks as sc
+from rlgw.gateway.turns.messages import ChatDelta, ChatStart
 
 CAPTURED = Path(__file__).parents[1] / "fixtures" / "codex" / "first_request.json"
 
@@ -36,7 +36,7 @@ def captured() -> rt.ResponsesRequest:
 
 def test_namespace_functions_are_flattened_and_hosted_tools_left_out() -> None:
     req = captured()
-    params = turn_params(req, rt.input_items(req.input), None)
+    params = rt.turn_params(req, rt.input_items(req.input))
     names = [t["function"]["name"] for t in params.tools or []]
     assert "exec_command" in names and "multi_agent_v1.spawn_agent" in names
     assert not any("web_search" in n for n in names)
@@ -61,12 +61,10 @@ def test_a_call_to_a_namespace_function_goes_back_naming_its_namespace_and_echoe
 
 def test_a_streamed_call_to_a_namespace_function_names_its_namespace() -> None:
     req = captured()
-    stream = rt.ResponseStream(req)
-    events = stream.feed(sc._chunk({"role": "assistant", "content": ""}))
-    head = {"id": "call_1", "index": 0, "type": "function", "function": {"name": "multi_agent_v1.wait_agent"}}
-    events += stream.feed(
-        sc._chunk({"tool_calls": [{**head, "function": {**head["function"], "arguments": ""}}]})
-    )
+    stream = rt.ResponseStream(req, "tiny")
+    events = stream.feed(ChatStart("chatcmpl-1", 1))
+    call = ToolCall(0, "multi_agent_v1.wait_agent", "")
+    events += stream.feed(ChatDelta("tool_call_start", call=call, call_id="call_1"))
     (added,) = [e for e in events if e["type"] == "response.output_item.added"]
     assert added["item"]["namespace"] == "multi_agent_v1" and added["item"]["name"] == "wait_agent"
 

@@ -110,7 +110,7 @@ def test_a_system_turn_with_no_text_adds_nothing() -> None:
             ],
         }
     )
-    assert at.chat_request(req)["messages"] == [{"role": "user", "content": "hi"}]
+    assert at.turn_params(req).messages == [{"role": "user", "content": "hi"}]
 
 
 def test_a_tool_addition_in_a_system_turn_names_claude_codes_fallback_code() -> None:
@@ -118,7 +118,7 @@ def test_a_tool_addition_in_a_system_turn_names_claude_codes_fallback_code() -> 
         {"max_tokens": 8, "messages": [{"role": "system", "content": [{"type": "tool_addition"}]}]}
     )
     with pytest.raises(InvalidRequest) as e:
-        at.chat_request(req)
+        at.turn_params(req)
     body = anthropic_error_body(e.value)
     assert body["error"]["details"] == {"error_code": "mid_conversation_tool_changes_not_supported"}
 

@@ -63,7 +63,9 @@ def _turn(s: dict[str, Any], timeout: float = 30.0) -> httpx.Response:
 
 
 def test_healthz_and_readyz(gw: Gateway) -> None:
-    assert httpx.get(gw.url + "/healthz").json() == {"status": "ok"}
+    health = httpx.get(gw.url + "/healthz").json()
+    assert health["status"] == "ok" and set(health["sessions"]) == {"open", "finished"}
+    assert httpx.get(gw.url + "/health").json() == health  # the alias
     r = httpx.get(gw.url + "/readyz")
     assert r.status_code == 200, r.text
     checks = {"engine": "ok", "store": "ok", "journal": "ok", "template_probe": "ok"}

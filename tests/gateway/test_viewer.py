@@ -68,15 +68,15 @@ def filled(tok: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, di
 
 
 def _keyed_app(store: TrajectoryStore, tok: Any) -> FastAPI:
-    """The router as the gateway mounts it: tenant keys in `app.state.tenant_keys`."""
+    """The router as the gateway mounts it: tenant keys in `app.state.tenant_keys`, which the viewer
+    shares."""
     app = FastAPI()
     install_error_handlers(app)
     app.include_router(viewer.router)
-    app.state.store = store
     app.state.tenant_keys = KeyTable()
     for key, tenant in KEYS.items():
         app.state.tenant_keys.add(key, tenant)
-    app.state.viewer_tokenizer = tok
+    app.state.viewer = viewer.ViewerState(store, app.state.tenant_keys, tok, viewer.tool_format_of(tok))
     return app
 
 

@@ -1,10 +1,11 @@
 """The Anthropic Messages surface: `/v1/messages` and `/v1/messages/count_tokens`, per session.
 
 Reachable as `/s/{session_id}/v1/messages` and as `/v1/messages` with the session's key in
-`x-api-key` (the Anthropic SDK's header) or `Authorization: Bearer`. A request is translated
-(`translate.py`) into the same chat turn as `/v1/chat/completions`, with surface
-`messages`, and the turn's ChatCompletion or chunks are translated back. Every error on these
-routes answers in Anthropic's error format (`{"type": "error", "error": {...}}`).
+`x-api-key` (the Anthropic SDK's header) or `Authorization: Bearer`. A request is validated as
+`MessagesRequest` and translated (`translate.py`) straight into the same chat turn as
+`/v1/chat/completions`, with surface `messages`; the finished turn, or its streamed items, are
+translated back. Every error on these routes answers in Anthropic's error format
+(`{"type": "error", "error": {...}}`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ from rlgw.gateway.sessions.table import Session
 from rlgw.gateway.surfaces.anthropic import translate as at
 from rlgw.gateway.surfaces.anthropic.errors import anthropic_error_body, error_body, error_headers, status_of
 from rlgw.gateway.surfaces.anthropic.mid_system import fold_mid_system, places_mid_system
-from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params, run_turn, stream_turn
-from rlgw.gateway.turns.messages import ChatParams
+from rlgw.gateway.turns.messages import ChatParams, run_chat, stream_chat
 
 
 class AnthropicRoute(APIRoute):
@@ -69,15 +69,13 @@ router = APIRouter(route_class=AnthropicRoute)
 def turn_params(
     req: at.MessagesInput, event: str | None = None, *, renderer: ChatRenderer | None = None
 ) -> ChatParams:
-    """The chat turn's parameters for an Anthropic request (validated as a chat request is).
+    """The chat turn's parameters for an Anthropic request.
 
     Mid-conversation system messages stay where they are if `renderer`'s template places them,
     else they move into the adjacent user turn as Anthropic's fallback does (`mid_system.py`)."""
-    body = at.chat_request(req)
+    params = at.turn_params(req, event)
     if renderer is not None and not places_mid_system(renderer):
-        body["messages"] = fold_mid_system(body["messages"])
-    params = chat_params(ChatCompletionRequest.model_validate(body), event=event)
-    params.surface = "messages"
+        params.messages = fold_mid_system(params.messages)
     return params
 
 
@@ -101,12 +99,13 @@ class AnthropicMessages(Surface[ChatParams]):
     async def run(self, request: Request, session: Session, call: ChatParams) -> dict[str, Any]:
         """The Message."""
         state = request.app.state
-        return at.message(await run_turn(state.backend, state.profile, session, call))
+        return at.message(await run_chat(state.backend, state.profile, session, call), state.profile.name)
 
     def stream(self, request: Request, session: Session, call: ChatParams) -> AsyncIterator[dict[str, Any]]:
-        """The Message's stream events, translated from the chat turn's chunks."""
+        """The Message's stream events, translated from the chat turn's items."""
         state = request.app.state
-        return translated(stream_turn(state.backend, state.profile, session, call), at.MessageStream().feed)
+        stream = at.MessageStream(state.profile.name)
+        return translated(stream_chat(state.backend, state.profile, session, call), stream.feed)
 
     def stream_error(self, call: ChatParams, exc: APIError) -> bytes:
         """Anthropic's error event."""

@@ -1,10 +1,12 @@
 """Anthropic Messages <-> the internal chat turn: requests, replies and stream events.
 
-A Messages request becomes an OpenAI-style chat request body (messages, tools, sampling) that
-`/v1/chat/completions` validates the same way, so both surfaces render, match and record one
-ledger alike. A ChatCompletion becomes a Messages reply; ChatCompletionChunks become Anthropic's
-event sequence. Tool-use ids are the ids the gateway minted, so an echoed `tool_use` block keeps
-its sampled tokens; `thinking` blocks carry the sampled reasoning.
+A Messages request is translated straight into the chat turn's parameters (`ChatParams`, with
+OpenAI-style messages and function tools, the turn's internal form), so this surface and
+`/v1/chat/completions` render, match and record one ledger alike; the request is validated once,
+as `MessagesRequest`, and the checks every message turn needs are `message_turn.py`'s. A finished
+`ChatTurn` becomes a Messages reply; a streamed turn's items (`ChatStart`, `ChatDelta`s, the
+`ChatTurn`) become Anthropic's event sequence. Tool-use ids are the ids the gateway minted, so an
+echoed `tool_use` block keeps its sampled tokens; `thinking` blocks carry the sampled reasoning.
 
 Mapping choices (the template has no slot for them, so they are documented, not invented):
 - system blocks and multi-block texts are joined with "\\n" (as the renderer joins text parts);
@@ -30,6 +32,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlgw.gateway.errors import InvalidRequest
+from rlgw.gateway.surfaces.message_turn import call_arguments, checked
+from rlgw.gateway.turns.messages import ChatDelta, ChatParams, ChatStart, ChatTurn
 
 # Anthropic's tool_choice types -> OpenAI's (the named form is built per request).
 _TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
@@ -100,7 +104,7 @@ def _user(content: Any, i: int) -> list[dict[str, Any]]:
             if texts:
                 out.append({"role": "user", "content": "\n".join(texts)})
                 texts = []
-            if not isinstance(block.get("tool_use_id"), str):
+            if not isinstance(block.get("tool_use_id"), str) or not block["tool_use_id"]:
                 raise InvalidRequest(
                     f"messages[{i}].content[{j}]: a tool_result needs tool_use_id", param="messages"
                 )
@@ -209,7 +213,7 @@ def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI function tools for Anthropic client tools (`name`, `description`, `input_schema`)."""
     out = []
     for i, t in enumerate(tools):
-        if t.get("type") not in (None, "custom") or not isinstance(t.get("name"), str):
+        if t.get("type") not in (None, "custom") or not isinstance(t.get("name"), str) or not t["name"]:
             raise InvalidRequest(
                 f"tools[{i}]: only client tools ({{name, description, input_schema}}) are supported, "
                 f"not {t.get('type')!r}",
@@ -245,37 +249,43 @@ def _template_kwargs(req: MessagesInput) -> dict[str, Any]:
     return kw
 
 
-def chat_request(req: MessagesInput) -> dict[str, Any]:
-    """The Chat Completions body equivalent to an Anthropic request (validated again there)."""
-    body: dict[str, Any] = {
-        "messages": chat_messages(req.system, req.messages),
-        "chat_template_kwargs": _template_kwargs(req),
-    }
-    if req.tools:
-        body["tools"] = chat_tools(req.tools)
-    if req.tool_choice is not None:
-        body["tool_choice"] = _tool_choice(req.tool_choice)
-        body["parallel_tool_calls"] = not req.tool_choice.get("disable_parallel_tool_use", False)
+def turn_params(req: MessagesInput, event: str | None = None) -> ChatParams:
+    """The chat turn's parameters for an Anthropic request (400s for what the turn cannot take).
+
+    A `MessagesInput` alone (`count_tokens`) has no sampling: its parameters only render."""
+    choice = req.tool_choice
+    params = ChatParams(
+        messages=chat_messages(req.system, req.messages),
+        template_kwargs=_template_kwargs(req),
+        tools=chat_tools(req.tools) if req.tools else None,
+        tool_choice=_tool_choice(choice) if choice is not None else None,
+        parallel_tool_calls=not (choice or {}).get("disable_parallel_tool_use", False),
+        sampling={},
+        max_tokens=None,
+        logprobs=False,
+        top_logprobs=0,
+        stream=False,
+        include_usage=False,
+        surface="messages",
+        event=event,
+    )
     if isinstance(req, MessagesRequest):
-        body["max_tokens"] = req.max_tokens
-        body["stream"] = req.stream
-        # The usage chunk carries the input and output token counts for `message_delta`.
-        body["stream_options"] = {"include_usage": True}
+        params.max_tokens, params.stream = req.max_tokens, req.stream
         for name in ("temperature", "top_p", "top_k"):
             if (value := getattr(req, name)) is not None:
-                body[name] = value
+                params.sampling[name] = value
         if req.stop_sequences:
-            body["stop"] = req.stop_sequences
-    return body
+            params.sampling["stop"] = req.stop_sequences
+    return checked(params)
 
 
-def message_id(chat_id: str) -> str:
-    """The Messages id of a turn: the ChatCompletion id the ledger recorded, re-prefixed."""
-    return "msg_" + chat_id.removeprefix("chatcmpl-")
+def message_id(response_id: str) -> str:
+    """The Messages id of a turn: the response id the ledger recorded, re-prefixed."""
+    return "msg_" + response_id.removeprefix("chatcmpl-")
 
 
 def stop_reason(finish_reason: str | None, matched_stop: Any) -> tuple[str, str | None]:
-    """Anthropic's (stop_reason, stop_sequence) for OpenAI's finish_reason and SGLang's matched_stop."""
+    """Anthropic's (stop_reason, stop_sequence) for the turn's finish_reason and SGLang's matched_stop."""
     if finish_reason == "tool_calls":
         return "tool_use", None
     if finish_reason == "length":
@@ -285,12 +295,12 @@ def stop_reason(finish_reason: str | None, matched_stop: Any) -> tuple[str, str 
     return "end_turn", None
 
 
-def _usage(usage: dict[str, Any]) -> dict[str, Any]:
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+def _usage(turn: ChatTurn) -> dict[str, Any]:
+    cached = turn.result.cached_tokens
     # Anthropic counts cache reads apart: input_tokens is the uncached rest of the prompt.
     return {
-        "input_tokens": usage["prompt_tokens"] - cached,
-        "output_tokens": usage["completion_tokens"],
+        "input_tokens": turn.prompt_tokens - cached,
+        "output_tokens": len(turn.result.output_ids),
         "cache_read_input_tokens": cached,
         "cache_creation_input_tokens": 0,
     }
@@ -306,95 +316,86 @@ def _tool_input(arguments: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
-def message(completion: dict[str, Any]) -> dict[str, Any]:
-    """The Messages reply for a ChatCompletion."""
-    choice = completion["choices"][0]
-    msg = choice["message"]
+def message(turn: ChatTurn, model: str) -> dict[str, Any]:
+    """The Messages reply for a finished turn of `model`."""
+    parsed = turn.parsed
     content: list[dict[str, Any]] = []
-    if msg.get("reasoning_content"):
-        content.append({"type": "thinking", "thinking": msg["reasoning_content"], "signature": ""})
-    if msg.get("content"):
-        content.append({"type": "text", "text": msg["content"]})
-    for call in msg.get("tool_calls") or []:
-        fn = call["function"]
-        content.append(
-            {"type": "tool_use", "id": call["id"], "name": fn["name"], "input": _tool_input(fn["arguments"])}
-        )
-    reason, sequence = stop_reason(choice["finish_reason"], choice.get("matched_stop"))
+    if parsed.reasoning_content:
+        content.append({"type": "thinking", "thinking": parsed.reasoning_content, "signature": ""})
+    if parsed.content:
+        content.append({"type": "text", "text": parsed.content})
+    for call, cid in zip(parsed.tool_calls, turn.call_ids, strict=True):
+        tool_input = _tool_input(call.arguments)
+        content.append({"type": "tool_use", "id": cid, "name": call.name, "input": tool_input})
+    reason, sequence = stop_reason(turn.finish_reason, turn.matched_stop)
     return {
-        "id": message_id(completion["id"]),
+        "id": message_id(turn.response_id),
         "type": "message",
         "role": "assistant",
-        "model": completion["model"],
+        "model": model,
         "content": content,
         "stop_reason": reason,
         "stop_sequence": sequence,
-        "usage": _usage(completion["usage"]),
+        "usage": _usage(turn),
     }
 
 
 class MessageStream:
-    """ChatCompletionChunk dicts -> Anthropic stream events, one content block at a time.
+    """A streamed turn's items -> Anthropic stream events, one content block at a time.
 
-    Reasoning opens a `thinking` block, content a `text` block, each tool call a `tool_use`
-    block (its id is the minted call id) whose arguments arrive as `input_json_delta`. A block
-    closes when a different kind starts or the turn finishes; the usage chunk (the turn asks
-    for one) becomes `message_delta` and `message_stop`.
+    `ChatStart` opens the message. Reasoning opens a `thinking` block, content a `text` block,
+    each tool call a `tool_use` block (its id is the minted call id) whose arguments arrive as
+    `input_json_delta`. A block closes when a different kind starts or the turn finishes; the
+    finished `ChatTurn` becomes `message_delta` (stop reason, usage) and `message_stop`.
     """
 
-    def __init__(self) -> None:
-        self._started = False
+    def __init__(self, model: str) -> None:
+        self._model = model
         self._index = -1
         self._open: str | None = None
-        self._stop: tuple[str, str | None] = ("end_turn", None)
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events for one chunk (the first chunk opens the message)."""
-        if not chunk.get("choices"):
-            return self._finish(chunk.get("usage") or {})
-        events = [] if self._started else [self._start(chunk)]
-        self._started = True
-        return events + self._deltas(chunk["choices"][0])
+    def feed(self, item: ChatStart | ChatDelta | ChatTurn) -> list[dict[str, Any]]:
+        """The events for one item of the turn."""
+        if isinstance(item, ChatStart):
+            return [self._start(item)]
+        if isinstance(item, ChatDelta):
+            return self._deltas(item)
+        return self._finish(item)
 
-    @staticmethod
-    def _start(chunk: dict[str, Any]) -> dict[str, Any]:
+    def _start(self, start: ChatStart) -> dict[str, Any]:
         return {
             "type": "message_start",
             "message": {
-                "id": message_id(chunk["id"]),
+                "id": message_id(start.response_id),
                 "type": "message",
                 "role": "assistant",
-                "model": chunk["model"],
+                "model": self._model,
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                # The prompt length arrives with the usage chunk, in message_delta.
+                # The prompt length arrives with the finished turn, in message_delta.
                 "usage": {"input_tokens": 0, "output_tokens": 0},
             },
         }
 
-    def _deltas(self, choice: dict[str, Any]) -> list[dict[str, Any]]:
+    def _deltas(self, d: ChatDelta) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        delta = choice.get("delta") or {}
-        if delta.get("reasoning_content"):
+        if d.kind == "reasoning":
             if self._open != "thinking":
                 events += self._begin({"type": "thinking", "thinking": "", "signature": ""})
-            events.append(self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]}))
-        if delta.get("content"):
+            events.append(self._delta({"type": "thinking_delta", "thinking": d.text}))
+        elif d.kind == "content":
             if self._open != "text":
                 events += self._begin({"type": "text", "text": ""})
-            events.append(self._delta({"type": "text_delta", "text": delta["content"]}))
-        for call in delta.get("tool_calls") or []:
-            fn = call.get("function") or {}
-            if call.get("id"):
-                events += self._begin(
-                    {"type": "tool_use", "id": call["id"], "name": fn.get("name"), "input": {}}
-                )
-            if fn.get("arguments"):
-                events.append(self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]}))
-        if choice.get("finish_reason"):
-            events += self._close()
-            self._stop = stop_reason(choice["finish_reason"], choice.get("matched_stop"))
+            events.append(self._delta({"type": "text_delta", "text": d.text}))
+        else:
+            assert d.call is not None
+            if d.kind != "tool_call_args":  # a call starts (whole, or its arguments follow)
+                block = {"type": "tool_use", "id": d.call_id, "name": d.call.name, "input": {}}
+                events += self._begin(block)
+            arguments = call_arguments(d)
+            if arguments:
+                events.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
         return events
 
     def _begin(self, block: dict[str, Any]) -> list[dict[str, Any]]:
@@ -412,14 +413,14 @@ class MessageStream:
         self._open = None
         return [{"type": "content_block_stop", "index": self._index}]
 
-    def _finish(self, usage: dict[str, Any]) -> list[dict[str, Any]]:
-        reason, sequence = self._stop
+    def _finish(self, turn: ChatTurn) -> list[dict[str, Any]]:
+        reason, sequence = stop_reason(turn.finish_reason, turn.matched_stop)
         return [
             *self._close(),
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                "usage": _usage(usage),
+                "usage": _usage(turn),
             },
             {"type": "message_stop"},
         ]

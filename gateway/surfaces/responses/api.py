@@ -2,9 +2,9 @@
 
 Reachable as `/s/{session_id}/v1/responses` and as `/v1/responses` with the session's key as
 the bearer token. A request's items (after those of `previous_response_id`, which the session
-holds) are translated (`translate.py`) into the same chat turn as `/v1/chat/completions`,
-with surface `responses`; the turn's ChatCompletion or chunks are translated back. Errors use
-OpenAI's format, the gateway's default.
+holds) are translated (`translate.py`) straight into the same chat turn as
+`/v1/chat/completions`, with surface `responses`; the finished turn, or its streamed items, are
+translated back. Errors use OpenAI's format, the gateway's default.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from rlgw.gateway.http.sse import named_event
 from rlgw.gateway.serving.flow import Surface, translated
 from rlgw.gateway.serving.routing import EVENT_HEADER
 from rlgw.gateway.sessions.table import Session
-from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest, chat_params, run_turn, stream_turn
 from rlgw.gateway.surfaces.responses import translate as rt
-from rlgw.gateway.turns.messages import ChatParams
+from rlgw.gateway.turns.messages import ChatParams, run_chat, stream_chat
 
 router = APIRouter()
 
@@ -40,15 +39,6 @@ def conversation(session: Session, req: rt.ResponsesRequest) -> list[dict[str, A
             code="previous_response_not_found",
         )
     return [*earlier, *items]
-
-
-def turn_params(req: rt.ResponsesRequest, items: list[dict[str, Any]], event: str | None) -> ChatParams:
-    """The chat turn's parameters for a Responses request over `items` (validated as chat is)."""
-    params = chat_params(ChatCompletionRequest.model_validate(rt.chat_request(req, items)), event=event)
-    params.surface = "responses"
-    if dropped := rt.hosted_tools(req.tools):
-        params.notes["dropped_tools"] = dropped
-    return params
 
 
 def remember(session: Session, req: rt.ResponsesRequest, items: list[dict[str, Any]], doc: dict) -> None:
@@ -86,24 +76,24 @@ class Responses(Surface[ResponsesCall]):
         """The request validated, its conversation gathered and translated into the chat turn."""
         req = rt.ResponsesRequest.model_validate(body)
         items = conversation(session, req)
-        return ResponsesCall(req, items, turn_params(req, items, request.headers.get(EVENT_HEADER)))
+        return ResponsesCall(req, items, rt.turn_params(req, items, request.headers.get(EVENT_HEADER)))
 
     async def run(self, request: Request, session: Session, call: ResponsesCall) -> dict[str, Any]:
         """The Response (remembered if `store`)."""
         state = request.app.state
-        completion = await run_turn(state.backend, state.profile, session, call.params)
-        doc = rt.response(call.req, completion)
+        turn = await run_chat(state.backend, state.profile, session, call.params)
+        doc = rt.response(call.req, turn, state.profile.name)
         remember(session, call.req, call.items, doc)
         return doc
 
     def stream(
         self, request: Request, session: Session, call: ResponsesCall
     ) -> AsyncIterator[dict[str, Any]]:
-        """The Response's stream events, translated from the chat turn's chunks (the finished
+        """The Response's stream events, translated from the chat turn's items (the finished
         Response remembered once the stream ends)."""
         state = request.app.state
-        call.translator = stream = rt.ResponseStream(call.req)
-        events = translated(stream_turn(state.backend, state.profile, session, call.params), stream.feed)
+        call.translator = stream = rt.ResponseStream(call.req, state.profile.name)
+        events = translated(stream_chat(state.backend, state.profile, session, call.params), stream.feed)
         return _remembered(events, stream, session, call.req, call.items)
 
     def stream_error(self, call: ResponsesCall, exc: APIError) -> bytes:

@@ -1,10 +1,13 @@
 """OpenAI Responses <-> the internal chat turn: input items, response objects and stream events.
 
-Input items become OpenAI chat messages: a run of consecutive assistant-side items (`reasoning`,
-assistant `message`, `function_call`) is one assistant message, so an echoed turn matches the
-ledger's turn by its `call_id`s (the ids the gateway minted) or its text; `function_call_output`
-items are tool messages. The ChatCompletion of a turn becomes the Response's output items
-(reasoning, message, function calls), and ChatCompletionChunks become Responses stream events.
+A request, validated once as `ResponsesRequest`, is translated straight into the chat turn's
+parameters (`ChatParams`; the checks every message turn needs are `message_turn.py`'s). Input
+items become the turn's (OpenAI-style) chat messages: a run of consecutive assistant-side items
+(`reasoning`, assistant `message`, `function_call`) is one assistant message, so an echoed turn
+matches the ledger's turn by its `call_id`s (the ids the gateway minted) or its text;
+`function_call_output` items are tool messages. A finished `ChatTurn` becomes the Response's
+output items (reasoning, message, function calls), and a streamed turn's items (`ChatStart`,
+`ChatDelta`s, the `ChatTurn`) become Responses stream events.
 
 Mapping choices: `instructions` is a system message in front of the conversation (per OpenAI,
 it is not carried over by `previous_response_id`); `reasoning.effort` "none" turns the
@@ -22,6 +25,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlgw.gateway.errors import InvalidRequest
+from rlgw.gateway.surfaces.message_turn import call_arguments, checked
+from rlgw.gateway.turns.messages import ChatDelta, ChatParams, ChatStart, ChatTurn
 
 _ASSISTANT_ITEMS = frozenset({"reasoning", "function_call"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
@@ -138,7 +143,7 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list
             role = _INPUT_ROLES[item["role"]]
             out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
         elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str):
+            if not isinstance(item.get("call_id"), str) or not item["call_id"]:
                 raise InvalidRequest(f"{where}: a function_call_output needs call_id", param="input")
             content = _text(item.get("output") or "", f"{where}.output")
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
@@ -193,6 +198,8 @@ def chat_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
     dropped: list[str] = []
     for i, t in enumerate(tools):
         kind = t.get("type")
+        if kind in ("function", "namespace") and t.get("name") == "":
+            raise InvalidRequest(f"tools[{i}]: a {kind} tool needs a name", param="tools")
         if kind == "function" and isinstance(t.get("name"), str):
             out.append(_function(t, t["name"]))
         elif kind == "namespace" and isinstance(t.get("name"), str):
@@ -215,11 +222,6 @@ def chat_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
     return out, dropped
 
 
-def hosted_tools(tools: list[dict[str, Any]] | None) -> list[str]:
-    """The hosted tools of a request (left out of the template's tool list), by type."""
-    return [t["type"] for t in tools or [] if t.get("type") in HOSTED_TOOLS]
-
-
 def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     if isinstance(choice, dict):
         if choice.get("type") != "function":
@@ -237,33 +239,41 @@ def _template_kwargs(req: ResponsesRequest) -> dict[str, Any]:
     return kw
 
 
-def chat_request(req: ResponsesRequest, items: list[dict[str, Any]]) -> dict[str, Any]:
-    """The Chat Completions body for a Responses request over the whole item list `items`."""
+def turn_params(req: ResponsesRequest, items: list[dict[str, Any]], event: str | None = None) -> ChatParams:
+    """The chat turn's parameters for a Responses request over the whole item list `items`
+    (400s for what the turn cannot take); hosted tools left out are noted as `dropped_tools`."""
     fmt = ((req.text or {}).get("format") or {}).get("type")
     if fmt not in (None, "text"):
         raise InvalidRequest("text.format other than text needs constrained decoding, which rlgw does not do")
-    body: dict[str, Any] = {
-        "messages": chat_messages(req.instructions, items),
-        "parallel_tool_calls": req.parallel_tool_calls,
-        "stream": req.stream,
-        "stream_options": {"include_usage": True},
-        "chat_template_kwargs": _template_kwargs(req),
-    }
-    if req.tools and (tools := chat_tools(req.tools)[0]):
-        body["tools"] = tools
-    if req.tool_choice is not None:
-        body["tool_choice"] = _tool_choice(req.tool_choice)
-    for name in ("temperature", "top_p", "top_k"):
-        if (value := getattr(req, name)) is not None:
-            body[name] = value
-    if req.max_output_tokens is not None:
-        body["max_tokens"] = req.max_output_tokens
-    return body
+    messages, template_kwargs = chat_messages(req.instructions, items), _template_kwargs(req)
+    tools, dropped = chat_tools(req.tools) if req.tools else ([], [])
+    params = ChatParams(
+        messages=messages,
+        tools=tools or None,
+        tool_choice=_tool_choice(req.tool_choice) if req.tool_choice is not None else None,
+        parallel_tool_calls=req.parallel_tool_calls,
+        sampling={
+            name: value
+            for name in ("temperature", "top_p", "top_k")
+            if (value := getattr(req, name)) is not None
+        },
+        max_tokens=req.max_output_tokens,
+        logprobs=False,
+        top_logprobs=0,
+        stream=req.stream,
+        include_usage=False,
+        template_kwargs=template_kwargs,
+        surface="responses",
+        event=event,
+    )
+    if dropped:
+        params.notes["dropped_tools"] = dropped
+    return checked(params)
 
 
-def response_id(chat_id: str) -> str:
-    """The Response id of a turn: the ChatCompletion id the ledger recorded, re-prefixed."""
-    return "resp_" + chat_id.removeprefix("chatcmpl-")
+def response_id(turn_id: str) -> str:
+    """The Response id of a turn: the response id the ledger recorded, re-prefixed."""
+    return "resp_" + turn_id.removeprefix("chatcmpl-")
 
 
 def _item_id(prefix: str, rid: str, k: int) -> str:
@@ -316,37 +326,34 @@ def function_call_item(
 
 
 def output_items(
-    rid: str, msg: dict[str, Any], spaces: dict[str, tuple[str, str]] | None = None
+    rid: str, turn: ChatTurn, spaces: dict[str, tuple[str, str]] | None = None
 ) -> list[dict[str, Any]]:
-    """The output items of an assistant chat message: reasoning, message, then function calls.
+    """The output items of a finished turn: reasoning, message, then function calls.
 
     A turn with no tool call always gets a message item (even empty), so that echoing the
     output back always carries the assistant turn the ledger holds.
     """
+    parsed = turn.parsed
     items: list[dict[str, Any]] = []
-    if msg.get("reasoning_content"):
-        items.append(reasoning_item(rid, len(items), msg["reasoning_content"]))
-    calls = msg.get("tool_calls") or []
-    if msg.get("content") or not calls:
-        items.append(message_item(rid, len(items), msg.get("content") or ""))
-    for call in calls:
-        fn = call["function"]
-        items.append(function_call_item(rid, len(items), call["id"], fn["name"], fn["arguments"], spaces))
+    if parsed.reasoning_content:
+        items.append(reasoning_item(rid, len(items), parsed.reasoning_content))
+    if parsed.content or not parsed.tool_calls:
+        items.append(message_item(rid, len(items), parsed.content or ""))
+    for call, cid in zip(parsed.tool_calls, turn.call_ids, strict=True):
+        items.append(function_call_item(rid, len(items), cid, call.name, call.arguments, spaces))
     return items
 
 
-def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
-    """Responses usage for Chat Completions usage."""
-    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+def usage(turn: ChatTurn) -> dict[str, Any]:
+    """Responses usage for a finished turn."""
+    n_in, n_out = turn.prompt_tokens, len(turn.result.output_ids)
     return {
-        "input_tokens": chat_usage["prompt_tokens"],
+        "input_tokens": n_in,
         # The engine's prefix cache has no separate write count.
-        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-        "output_tokens": chat_usage["completion_tokens"],
-        "output_tokens_details": {
-            "reasoning_tokens": (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
-        },
-        "total_tokens": chat_usage["total_tokens"],
+        "input_tokens_details": {"cached_tokens": turn.result.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": n_out,
+        "output_tokens_details": {"reasoning_tokens": turn.reasoning_tokens},
+        "total_tokens": n_in + n_out,
     }
 
 
@@ -380,80 +387,68 @@ def response_shell(
     }
 
 
-def finish(shell: dict[str, Any], output: list[dict[str, Any]], finish_reason: str, chat_usage: dict) -> dict:
+def finish(shell: dict[str, Any], output: list[dict[str, Any]], turn: ChatTurn) -> dict[str, Any]:
     """The finished Response: its output, usage and status (a turn cut by length is incomplete)."""
-    cut = finish_reason == "length"
+    cut = turn.finish_reason == "length"
     return {
         **shell,
         "status": "incomplete" if cut else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "output": output,
-        "usage": usage(chat_usage),
+        "usage": usage(turn),
     }
 
 
-def response(req: ResponsesRequest, completion: dict[str, Any]) -> dict[str, Any]:
-    """The Response object for a non-streamed turn's ChatCompletion."""
-    rid = response_id(completion["id"])
-    choice = completion["choices"][0]
-    shell = response_shell(req, rid, completion["model"], completion["created"])
-    output = output_items(rid, choice["message"], namespaced(req.tools))
-    return finish(shell, output, choice["finish_reason"], completion["usage"])
+def response(req: ResponsesRequest, turn: ChatTurn, model: str) -> dict[str, Any]:
+    """The Response object for a non-streamed turn of `model`."""
+    rid = response_id(turn.response_id)
+    shell = response_shell(req, rid, model, turn.created)
+    return finish(shell, output_items(rid, turn, namespaced(req.tools)), turn)
 
 
 class ResponseStream:
-    """ChatCompletionChunk dicts -> Responses stream events, one output item at a time.
+    """A streamed turn's items -> Responses stream events, one output item at a time.
 
-    Reasoning opens a `reasoning` item, content a `message` item, each tool call a
-    `function_call` item (its call_id is the minted id). An item is done when another kind
-    starts or the turn finishes; the usage chunk (the turn asks for one) ends the stream with
+    `ChatStart` opens the response. Reasoning opens a `reasoning` item, content a `message`
+    item, each tool call a `function_call` item (its call_id is the minted id). An item is done
+    when another kind starts or the turn finishes; the finished `ChatTurn` ends the stream with
     `response.completed` (or `response.incomplete`). `output` holds the finished items.
     """
 
-    def __init__(self, req: ResponsesRequest) -> None:
+    def __init__(self, req: ResponsesRequest, model: str) -> None:
         self._req = req
+        self._model = model
         self._spaces = namespaced(req.tools)
         self._seq = 0
         self._shell: dict[str, Any] | None = None
         self._open: dict[str, Any] | None = None
-        self._finish_reason = "stop"
         self.output: list[dict[str, Any]] = []
-        self.response: dict[str, Any] | None = None  # the finished Response, after the last chunk
+        self.response: dict[str, Any] | None = None  # the finished Response, after the last item
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events for one chunk (the first chunk opens the response)."""
+    def feed(self, item: ChatStart | ChatDelta | ChatTurn) -> list[dict[str, Any]]:
+        """The events for one item of the turn."""
+        if isinstance(item, ChatStart):
+            self._shell = response_shell(self._req, response_id(item.response_id), self._model, item.created)
+            return [
+                self._event("response.created", response=self._shell),
+                self._event("response.in_progress", response=self._shell),
+            ]
+        if isinstance(item, ChatTurn):
+            return self._complete(item)
+        if item.kind in ("reasoning", "content"):
+            return self._text_delta("message" if item.kind == "content" else "reasoning", item.text)
+        assert item.call is not None
         events: list[dict[str, Any]] = []
-        if self._shell is None:
-            self._shell = response_shell(
-                self._req, response_id(chunk["id"]), chunk["model"], chunk["created"]
-            )
-            events += [self._event("response.created", response=self._shell)]
-            events += [self._event("response.in_progress", response=self._shell)]
-        if not chunk.get("choices"):
-            return events + self._complete(chunk.get("usage") or {})
-        choice = chunk["choices"][0]
-        delta = choice.get("delta") or {}
-        if text := delta.get("reasoning_content"):
-            events += self._text_delta("reasoning", text)
-        if text := delta.get("content"):
-            events += self._text_delta("message", text)
-        for call in delta.get("tool_calls") or []:
-            fn = call.get("function") or {}
-            if call.get("id"):
-                events += self._close()
-                name = fn.get("name") or ""
-                item = function_call_item(self._rid, len(self.output), call["id"], name, "", self._spaces)
-                events += self._begin({**item, "status": "in_progress"})
-            if args := fn.get("arguments"):
-                assert self._open is not None
-                self._open["arguments"] += args
-                events.append(self._item_event("response.function_call_arguments.delta", delta=args))
-        if choice.get("finish_reason"):
-            self._finish_reason = choice["finish_reason"]
-            events += self._close()
-            if not any(i["type"] in ("message", "function_call") for i in self.output):
-                events += self._begin(message_item(self._rid, len(self.output), "", "in_progress"))
-                events += self._close()
+        if item.kind != "tool_call_args":  # a call starts (whole, or its arguments follow)
+            events += self._close()  # first: the new item's index counts the closed one
+            k, name = len(self.output), item.call.name
+            fc = function_call_item(self._rid, k, item.call_id, name, "", self._spaces)
+            events += self._begin({**fc, "status": "in_progress"})
+        args = call_arguments(item)
+        if args:
+            assert self._open is not None
+            self._open["arguments"] += args
+            events.append(self._item_event("response.function_call_arguments.delta", delta=args))
         return events
 
     def fail(self, error: dict[str, Any]) -> list[dict[str, Any]]:
@@ -548,8 +543,12 @@ class ResponseStream:
         self._open = None
         return events
 
-    def _complete(self, chat_usage: dict[str, Any]) -> list[dict[str, Any]]:
+    def _complete(self, turn: ChatTurn) -> list[dict[str, Any]]:
         assert self._shell is not None
-        self.response = finish(self._shell, self.output, self._finish_reason, chat_usage)
+        events = self._close()
+        if not any(i["type"] in ("message", "function_call") for i in self.output):
+            events += self._begin(message_item(self._rid, len(self.output), "", "in_progress"))
+            events += self._close()
+        self.response = finish(self._shell, self.output, turn)
         kind = "response.incomplete" if self.response["status"] == "incomplete" else "response.completed"
-        return [self._event(kind, response=self.response)]
+        return [*events, self._event(kind, response=self.response)]

@@ -91,9 +91,9 @@ def test_interleaved_main_and_subagent_give_one_sample_per_conversation(world: d
             _step(client, sub, sub_msgs)
         _ask(client, main, main_msgs)  # the main agent goes on with the subagent's result
         summary = finish(st, s["session_id"])
+        assert [c["cause"] for c in summary["segment_causes"]] == ["start", "new_conversation"]
+        assert len(summary["samples"]) == 2
         docs = _check(st, summary, [main, sub], [fp.TOOLS, fp.TOOLS], s["rollout_id"])
-    assert len(summary["samples"]) == 2
-    assert [c["cause"] for c in summary["segment_causes"]] == ["start", "new_conversation"]
     assert summary["conversations"] == [
         {"conversation": 0, "parent": None, "segments": [0]},
         {"conversation": 1, "parent": 0, "segments": [1]},
@@ -123,9 +123,9 @@ def test_a_title_call_first_leaves_the_main_conversation_without_tools_changed(
         for _ in range(2):
             _step(client, main, main_msgs)
         summary = finish(st, s["session_id"])
+        causes = [c["cause"] for c in summary["segment_causes"]]
+        assert causes == ["start", "new_conversation"] and "tools_changed" not in causes
         _check(st, summary, [title, main], [None, fp.TOOLS], s["rollout_id"])
-    causes = [c["cause"] for c in summary["segment_causes"]]
-    assert causes == ["start", "new_conversation"] and "tools_changed" not in causes
 
 
 def test_conversations_survive_a_kill_9_and_restart(world: dict, tmp_path: Path) -> None:

@@ -77,7 +77,8 @@ def _check(st: Stack, summary: dict[str, Any], runs: list[Run], tools: list[Any]
 
 
 def test_interleaved_main_and_subagent_give_one_sample_per_conversation(world: dict, tmp_path: Path) -> None:
-    """Main 2 turns, subagent 3 turns between them (today's gateway stored 4 samples, `truncation`)."""
+    """Main 2 turns, subagent 3, interleaved (main, sub, sub, main, sub): the gateway before conversations
+    stored a segment per switch, each `truncation`, and re-rendered each conversation it went back to."""
     port = free_port()
     st = Stack(f"http://127.0.0.1:{port}", world["engine"], world["recorder"], world["tok"])
     main, sub = Run(), Run()
@@ -87,9 +88,10 @@ def test_interleaved_main_and_subagent_give_one_sample_per_conversation(world: d
         s = open_session(st, task_id="interleaved")
         client = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
         _step(client, main, main_msgs)  # the main agent's call that spawns the subagent
-        for _ in range(3):
-            _step(client, sub, sub_msgs)
-        _ask(client, main, main_msgs)  # the main agent goes on with the subagent's result
+        _step(client, sub, sub_msgs)
+        _step(client, sub, sub_msgs)
+        _ask(client, main, main_msgs)  # the main agent goes on while its subagent is still at work
+        _ask(client, sub, sub_msgs)
         summary = finish(st, s["session_id"])
         assert [c["cause"] for c in summary["segment_causes"]] == ["start", "new_conversation"]
         assert len(summary["samples"]) == 2

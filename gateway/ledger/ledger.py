@@ -389,11 +389,13 @@ class Ledger:
         surface: str = "chat",
         tools: int = 0,
         conversation: int | None = None,
+        raw: bytes | None = None,
     ) -> Synced | Violation:
         """The messages that are new since the conversation's last turn (the active one's by
         default), or the `Violation` that forbids appending.
 
-        `tools` is the request's `tools_digest`. Nothing in the ledger changes.
+        `tools` is the request's `tools_digest`, `raw` `orjson.dumps(messages)` if already made.
+        Nothing in the ledger changes.
         """
         seg = self.head(conversation)
         if seg.surface not in (None, surface):
@@ -409,7 +411,7 @@ class Ledger:
                 len(messages),
                 f"history shrank from {len(records)} to {len(messages)} messages",
             )
-        raw = orjson.dumps(messages)
+        raw = orjson.dumps(messages) if raw is None else raw
         out = Synced(messages[len(records) :], history=history_print(messages, raw))
         for i in range(_known_prefix(seg, messages, raw), len(records)):
             rec, m = records[i], messages[i]
@@ -450,8 +452,9 @@ class Ledger:
         """
         order = [self.active] + [c for c in range(len(self.conversations) - 1, -1, -1) if c != self.active]
         misses: list[tuple[int, Violation]] = []
+        raw = orjson.dumps(messages)  # once, for every conversation tried
         for c in order:
-            found = self.sync(messages, surface=surface, tools=tools, conversation=c)
+            found = self.sync(messages, surface=surface, tools=tools, conversation=c, raw=raw)
             if isinstance(found, Synced):
                 return Match(c, found)
             misses.append((c, found))

@@ -11,35 +11,24 @@ generated text was tokenized again, fails), and mask-0 tokens are the template's
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
-import pytest
-from transformers import AutoTokenizer
 
+from tests.gateway import test_journal
 from tests.gateway.test_journal import KW, _continue, gateway
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Run, Stack, check_sample, finish, open_session, stored
-from tests.support.procs import engine_server, free_port
-from tests.support.recording_proxy import recording_proxy
+from tests.support.procs import free_port
 
 MAIN = {"role": "system", "content": "You are the main agent. Use the tools you have."}
 SUB = {"role": "system", "content": "You are a weather subagent. Answer in one line."}
 TITLE = {"role": "system", "content": "Write a five-word title for the user's request."}
 
 
-@pytest.fixture(scope="module")
-def world(tiny_qwen3: Path) -> Iterator[dict[str, Any]]:
-    """The embedded engine on the tiny Qwen3 fixture, behind a proxy that records every exchange."""
-    with engine_server(tiny_qwen3) as engine, recording_proxy(engine) as (proxy, recorder):
-        yield {
-            "engine": engine,
-            "proxy": proxy,
-            "recorder": recorder,
-            "tok": AutoTokenizer.from_pretrained(tiny_qwen3),
-        }
+# The embedded engine on the tiny Qwen3 fixture behind a recording proxy (a module fixture).
+world = test_journal.world
 
 
 def _ask(client: openai.OpenAI, run: Run, messages: list[dict[str, Any]], **extra: Any) -> Any:

@@ -201,6 +201,7 @@ def rewrite_summary(a: Agent) -> list[str]:
     # The summary keeps the conversation's opening (here: no system message); one with a system
     # message of its own would open a new conversation (a subagent's), not rewrite this one.
     summary = [
+        {"role": "user", "content": "A summary of the work so far follows."},
         {"role": "user", "content": "Earlier: it is sunny in Paris."},
         {"role": "assistant", "content": "Noted."},
         *_weather("Berlin"),

@@ -19,6 +19,7 @@ Names (all prefixed `rlgw_`):
 | `trainable_tokens_total` | counter | — | sampled tokens recorded with loss mask 1 |
 | `generated_tokens_total` | counter | — | tokens the engine sampled for agents (recorded or not) |
 | `segments_total` | counter | cause | ledger segments opened, by machine-readable cause |
+| `conversations_total` | counter | — | conversations in finished capture sessions (subagents, side calls) |
 | `sample_rejects_total` | counter | reason | segments refused at finish, by the sample contract's reason |
 | `request_rejects_total` | counter | reason | requests refused before a turn: limits, body caps, auth |
 | `engine_errors_total` | counter | kind | failed engine calls (overloaded, timeout, aborted, upstream) |
@@ -93,6 +94,11 @@ GENERATED_TOKENS = Counter(
 SEGMENTS = Counter(
     "rlgw_segments", "Ledger segments opened after a history change, by machine-readable cause.",
     ("cause",), registry=REGISTRY,
+)  # fmt: skip
+CONVERSATIONS = Counter(
+    "rlgw_conversations",
+    "Conversations in finished capture sessions: a main agent, its subagents and side calls (title, memory).",
+    registry=REGISTRY,
 )  # fmt: skip
 SAMPLE_REJECTS = Counter(
     "rlgw_sample_rejects", "Segments refused at finish by the sample contract, by reason code.",

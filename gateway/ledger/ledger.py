@@ -13,6 +13,17 @@ consumed prefix are new. A shrunk or rewritten prefix, a changed tool list, or a
 chat and completions is a `Violation` with a machine-readable `cause`, handled by the session's
 policy (a new segment, passthrough, or refusal).
 
+Conversations: a session may hold more than one line of turns (a main agent and its subagents, a
+title or memory side call). Each segment belongs to one conversation, and each conversation appends
+to its own latest segment. A request continues the conversation whose consumed history it extends
+(`match`: the conversation that spoke last is tried first, then the others, newest first); one that
+extends none opens a new conversation (cause `new_conversation`) when its opening (its leading system
+message, or that it has none) is no conversation's, or when the agent says so (`X-Rlgw-Event:
+new_conversation`); otherwise it is a rewrite of the conversation with that opening it shares the
+longest prefix with, and the policy decides as above (a compaction keeps the system prompt; a title
+call, a memory or a Task subagent brings its own).
+A new conversation's parent is the conversation that spoke last (or the one the agent names).
+
 Echo rules (what a generated turn may come back as and still keep its sampled tokens):
 - with `tool_calls` carrying exactly the ids minted for that turn (order free);
 - as plain text with no `tool_calls` whose content names exactly the minted ids of that turn
@@ -69,6 +80,7 @@ class Cause(enum.StrEnum):
     TEMPLATE_DRIFT = "template_drift"  # the template's render of the history changed
     RETRY = "retry"  # a client retry the policy did not fold into the last turn
     CONCURRENT = "concurrent"  # a duplicate request that overlapped the turn it repeats
+    NEW_CONVERSATION = "new_conversation"  # the first segment of a conversation other than the first
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +106,28 @@ class Synced:
     echo_edits: list[tuple[int, str]] = field(default_factory=list)
     # The request's `history_print`: what the turn leaves for the next one's fast check.
     history: tuple[int, int, int] | None = None
+
+
+@dataclass(slots=True)
+class Match:
+    """Which conversation a request continues (`Ledger.match`), and what syncing with it found.
+
+    `opens`: the request extends no conversation and opens a new one (`found` is then a
+    `Violation` with cause `new_conversation`, and `conversation` the index it will get).
+    """
+
+    conversation: int
+    found: Synced | Violation
+    opens: bool = False
+
+
+@dataclass(slots=True)
+class Conversation:
+    """One line of turns in a session (a main agent, a subagent, a side call): its segments."""
+
+    index: int
+    parent: int | None  # the conversation it was opened from (None: the session's first)
+    segments: list[int]  # indices into `Ledger.segments`, oldest first; turns append to the last
 
 
 @dataclass(slots=True)
@@ -264,6 +298,7 @@ class Segment:
     text: str = ""
     surface: str | None = None  # the API surface of its turns (chat, completions, ...)
     tools: int = 0  # digest of the tool list its prompt rendered
+    conversation: int = 0  # the index of the conversation it belongs to
     # Sample metadata gathered at commit: echo_matches, echo_edits, replaced_turns, agent_sampling.
     notes: dict[str, list[Any]] = field(default_factory=dict)
 
@@ -324,16 +359,23 @@ def check_sampled(output_ids: Sequence[int], logprobs: Sequence[float]) -> None:
 
 
 class Ledger:
-    """The segments of one session and the sync/commit rules between turns."""
+    """The conversations and segments of one session and the sync/commit rules between turns."""
 
     def __init__(self) -> None:
         self.segments: list[Segment] = [Segment(cause=Cause.START)]
+        self.conversations: list[Conversation] = [Conversation(0, None, [0])]
+        self.active = 0  # the conversation that committed the last turn (new turns append to it)
         self.invalid_reason: str | None = None  # set when capture was turned off (passthrough)
+
+    def head(self, conversation: int | None = None) -> Segment:
+        """The segment a conversation's turns append to (the active conversation's by default)."""
+        c = self.active if conversation is None else conversation
+        return self.segments[self.conversations[c].segments[-1]]
 
     @property
     def current(self) -> Segment:
-        """The segment new turns append to."""
-        return self.segments[-1]
+        """The segment new turns of the active conversation append to."""
+        return self.head()
 
     @property
     def capturing(self) -> bool:
@@ -341,13 +383,21 @@ class Ledger:
         return self.invalid_reason is None
 
     def sync(
-        self, messages: list[dict[str, Any]], *, surface: str = "chat", tools: int = 0
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        surface: str = "chat",
+        tools: int = 0,
+        conversation: int | None = None,
+        raw: bytes | None = None,
     ) -> Synced | Violation:
-        """The messages that are new since the last turn, or the `Violation` that forbids appending.
+        """The messages that are new since the conversation's last turn (the active one's by
+        default), or the `Violation` that forbids appending.
 
-        `tools` is the request's `tools_digest`. Nothing in the ledger changes.
+        `tools` is the request's `tools_digest`, `raw` `orjson.dumps(messages)` if already made.
+        Nothing in the ledger changes.
         """
-        seg = self.current
+        seg = self.head(conversation)
         if seg.surface not in (None, surface):
             return Violation(
                 Cause.MODE_SWITCH, 0, f"the session switched from {seg.surface} to {surface} requests"
@@ -361,7 +411,7 @@ class Ledger:
                 len(messages),
                 f"history shrank from {len(records)} to {len(messages)} messages",
             )
-        raw = orjson.dumps(messages)
+        raw = orjson.dumps(messages) if raw is None else raw
         out = Synced(messages[len(records) :], history=history_print(messages, raw))
         for i in range(_known_prefix(seg, messages, raw), len(records)):
             rec, m = records[i], messages[i]
@@ -383,6 +433,47 @@ class Ledger:
                 )
         return out
 
+    def match(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        surface: str = "chat",
+        tools: int = 0,
+        new_on_miss: bool | None = None,
+    ) -> Match:
+        """The conversation `messages` continue, or the new one they open. Nothing changes.
+
+        The conversation that spoke last is tried first, then the others, newest first. If none
+        is extended, the request opens a new conversation when `new_on_miss` says so (True: the
+        agent said it; False: the agent named a rewrite) or, left None, when every conversation
+        has consumed messages and none has the request's opening (module docstring). Otherwise
+        the `Violation` is the one of the conversation with that opening sharing the longest
+        prefix with it.
+        """
+        order = [self.active] + [c for c in range(len(self.conversations) - 1, -1, -1) if c != self.active]
+        misses: list[tuple[int, Violation]] = []
+        raw = orjson.dumps(messages)  # once, for every conversation tried
+        for c in order:
+            found = self.sync(messages, surface=surface, tools=tools, conversation=c, raw=raw)
+            if isinstance(found, Synced):
+                return Match(c, found)
+            misses.append((c, found))
+        opening = _message_opening(messages)
+        # A conversation is known by its opening: its system message, or that it has none. One with
+        # nothing consumed yet (completions turns) cannot be told apart from the request.
+        alike = [
+            (c, v) for c, v in misses if not self.head(c).records or _opening_of(self.head(c)) == opening
+        ]
+        if new_on_miss is None:
+            new_on_miss = not alike
+        if not new_on_miss:
+            # The one sharing the longest prefix (the first of those: the active one on a tie).
+            shared = [(_shared_prefix(self.head(c), messages), c, v) for c, v in alike or misses]
+            _, c, v = max(shared, key=lambda x: x[0])
+            return Match(c, v)
+        detail = f"a request that extends none of the session's {len(self.conversations)} conversations"
+        return Match(len(self.conversations), Violation(Cause.NEW_CONVERSATION, 0, detail), opens=True)
+
     def sync_prompt(self, prompt: str | list[int]) -> str | list[int] | Violation:
         """For /v1/completions: the part of `prompt` (text or ids) beyond what the ledger holds."""
         seg = self.current
@@ -399,25 +490,35 @@ class Ledger:
             return prompt[n:]
         return Violation(Cause.REWRITE, 0, "the prompt ids do not extend the ids of the previous turns")
 
-    def is_retry(self, messages: list[dict[str, Any]], *, surface: str = "chat", tools: int = 0) -> bool:
-        """Whether `messages` resend exactly the request of the last turn (a duplicate).
+    def is_retry(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        surface: str = "chat",
+        tools: int = 0,
+        conversation: int | None = None,
+    ) -> bool:
+        """Whether `messages` resend exactly the request of the conversation's last turn (the
+        active conversation's by default): a duplicate.
 
         That happens when the agent timed out or lost the reply after the turn was committed
         (a retry), or sent the same request twice at once (a concurrent duplicate); the caller
         tells the two apart by time. Nothing in the ledger changes.
         """
-        seg = self.current
+        seg = self.head(conversation)
         last = seg.last_turn
         if last is None or len(messages) != len(seg.records) - 1:
             return False
         records, seg.records = seg.records, seg.records[:-1]
         try:
-            return not isinstance(self.sync(messages, surface=surface, tools=tools), Violation)
+            found = self.sync(messages, surface=surface, tools=tools, conversation=conversation)
+            return not isinstance(found, Violation)
         finally:
             seg.records = records
 
     def rollback_last_turn(self) -> GeneratedTurn:
-        """Remove the last turn (its prompt increment, sampled ids, records and versions)."""
+        """Remove the active conversation's last turn (its prompt increment, sampled ids, records
+        and versions)."""
         seg = self.current
         last = seg.turns.pop()
         del seg.ids[last.prompt_start :]
@@ -428,13 +529,31 @@ class Ledger:
         seg.history = None
         return last
 
+    def focus(self, conversation: int) -> Segment:
+        """Make `conversation` the active one (the next commit appends to it); its head segment."""
+        if not 0 <= conversation < len(self.conversations):
+            raise ValueError(f"no conversation {conversation} (the session has {len(self.conversations)})")
+        self.active = conversation
+        return self.current
+
     def new_segment(self, cause: str, detail: str = "") -> Segment:
-        """Close the current segment and open an empty one, recording why."""
+        """Close the active conversation's segment and open an empty one in it, recording why."""
         if len(self.current) == 0:
             self.current.cause, self.current.detail = cause, detail
             self.current.surface, self.current.tools = None, 0
         else:
-            self.segments.append(Segment(cause=cause, detail=detail))
+            self.segments.append(Segment(cause=cause, detail=detail, conversation=self.active))
+            self.conversations[self.active].segments.append(len(self.segments) - 1)
+        return self.current
+
+    def open_conversation(self, parent: int | None, detail: str = "") -> Segment:
+        """Open a new conversation (its first segment, cause `new_conversation`) and make it active."""
+        if parent is not None and not 0 <= parent < len(self.conversations):
+            raise ValueError(f"no conversation {parent} to be the parent")
+        index = len(self.conversations)
+        self.segments.append(Segment(cause=Cause.NEW_CONVERSATION, detail=detail, conversation=index))
+        self.conversations.append(Conversation(index, parent, [len(self.segments) - 1]))
+        self.active = index
         return self.current
 
     def invalidate(self, reason: str) -> None:
@@ -516,8 +635,12 @@ class Ledger:
             n = len(seg.ids) - p
             tokens = np.frombuffer(seg.ids, dtype=np.int32).copy()
             spans = _response_spans(seg.versions, p, len(seg.ids))
+            conversation = self.conversations[seg.conversation]
             meta = {
                 **metadata,
+                "conversation": conversation.index,
+                "conversation_parent": conversation.parent,
+                "conversations": len(self.conversations),
                 "segment": index,
                 "segment_cause": seg.cause,
                 "segment_cause_detail": seg.detail,
@@ -550,6 +673,37 @@ class Ledger:
             )
             out.append((index, sample, ""))
         return out
+
+
+_SYSTEM_ROLES = ("system", "developer")
+
+
+def _message_opening(messages: list[dict[str, Any]]) -> int | None:
+    """A request's opening: the digest of its leading system message (None: it has none)."""
+    m = messages[0] if messages else None
+    return message_digest(m) if isinstance(m, dict) and m.get("role") in _SYSTEM_ROLES else None
+
+
+def _opening_of(seg: Segment) -> int | None:
+    """A segment's opening, from its first consumed message (as `_message_opening`)."""
+    first = seg.records[0]
+    return first.digest if first.role in _SYSTEM_ROLES else None
+
+
+def _shared_prefix(seg: Segment, messages: list[dict[str, Any]]) -> int:
+    """How many leading messages of a request are the segment's consumed ones (echoes included)."""
+    n = 0
+    for rec, m in zip(seg.records, messages, strict=False):
+        if not isinstance(m, dict):
+            break
+        if rec.turn >= 0:
+            same = _match_turn(m, seg.turns[rec.turn]) is not None
+        else:
+            same = m.get("role") == rec.role and message_digest(m) == rec.digest
+        if not same:
+            break
+        n += 1
+    return n
 
 
 def _response_spans(versions: list[list[Any]], prompt_len: int, total: int) -> list[VersionSpan]:

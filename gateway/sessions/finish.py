@@ -163,9 +163,15 @@ async def store_samples(
         metadata=metadata,
     )
     summary["segments"] = len(built)
+    summary["conversations"] = [
+        {"conversation": c.index, "parent": c.parent, "segments": list(c.segments)}
+        for c in ledger.conversations
+    ]
+    metrics.CONVERSATIONS.inc(len(ledger.conversations))
     summary["segment_causes"] = [
         {
             "segment": i,
+            "conversation": seg.conversation,
             "cause": seg.cause,
             "detail": seg.detail,
             "tokens": len(seg),
@@ -207,6 +213,7 @@ async def store_samples(
                 {
                     "cursor": cursor,
                     "segment": index,
+                    "conversation": sample.metadata["conversation"],
                     "trainable_tokens": trainable,
                     "response_length": sample.response_length,
                 }

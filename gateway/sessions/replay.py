@@ -1,9 +1,12 @@
 """Applying one committed turn's record to its session: live, when the turn settles
 (`turns/lifecycle.py`), and replayed from the journal, when a session is restored (`table.py`).
 
-A record is what the journal keeps of a turn (`turns.lifecycle.commit` writes it): the policy's
-segment change, a replaced retry, notes for the sample's metadata and the ledger commit. This module
-knows the session and its ledger; it knows nothing about requests, the engine or HTTP.
+A record is what the journal keeps of a turn (`turns.lifecycle.commit` writes it): the
+conversation it appends to (`conversation`: an index; the next index opens a new conversation whose
+parent is `parent`; records written before conversations have neither and append to the active
+one, then the session's only conversation), the policy's segment change, a replaced retry, notes for
+the sample's metadata and the ledger commit. This module knows the session and its ledger; it
+knows nothing about requests, the engine or HTTP.
 """
 
 from __future__ import annotations
@@ -34,8 +37,14 @@ def apply_record(session: Session, record: dict[str, Any], *, committed_at: floa
     spec = record.get("commit")
     if spec is None or not ledger.capturing:
         return
-    if record.get("segment") is not None:
-        ledger.new_segment(*record["segment"])
+    conversation = record.get("conversation")  # absent in records written before conversations
+    if conversation is not None and conversation == len(ledger.conversations):
+        ledger.open_conversation(record.get("parent"), record["segment"][1])
+    else:
+        if conversation is not None:
+            ledger.focus(conversation)
+        if record.get("segment") is not None:
+            ledger.new_segment(*record["segment"])
     seg = ledger.current
     if record.get("replace"):
         old = ledger.rollback_last_turn()

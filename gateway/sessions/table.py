@@ -98,6 +98,7 @@ class Session:
             doc["capturing"] = self.ledger.capturing
             doc["invalid_reason"] = self.ledger.invalid_reason
             doc["segments"] = len(self.ledger.segments)
+            doc["conversations"] = len(self.ledger.conversations)
             doc["tokens"] = len(self.ledger.current)
             doc["trainable_tokens"] = sum(s.trainable_tokens() for s in self.ledger.segments)
         return doc

@@ -73,6 +73,10 @@ class Plan:
     reasoning_forced: bool = False  # the generation prompt already opened a think block
     history: tuple[int, int, int] | None = None  # the request's `ledger.history_print`
     records: list[tuple[str, int]] | None = None  # `new_records`, once computed
+    # The conversation the turn appends to (None: the active one, as for completions); a plan
+    # that opens one names its index (the next) and its `parent`, with `segment` new_conversation.
+    conversation: int | None = None
+    parent: int | None = None
 
 
 def new_records(plan: Plan) -> list[tuple[str, int]] | None:
@@ -312,6 +316,8 @@ async def commit(
     if plan.recorded and ledger is not None and ledger.capturing:
         check_sampled(result.output_ids, result.logprobs)  # what applying would refuse, refused now
         record.update(
+            conversation=plan.conversation,
+            parent=plan.parent,
             segment=plan.segment,
             replace=plan.replace_last,
             echo_matches=plan.echo_matches,

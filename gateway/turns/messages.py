@@ -23,7 +23,14 @@ import numpy as np
 from rlgw.gateway.engine_client.backend import GenerationResult, ModelBackend, first_answer
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.ids import fresh_hex
-from rlgw.gateway.ledger.ledger import Synced, Violation, canonical_arguments, history_print, tools_digest
+from rlgw.gateway.ledger.ledger import (
+    Cause,
+    Synced,
+    Violation,
+    canonical_arguments,
+    history_print,
+    tools_digest,
+)
 from rlgw.gateway.model.profile import ModelProfile
 from rlgw.gateway.parsing.detokenize import IncrementalDetokenizer, StopTrimmer
 from rlgw.gateway.parsing.output_parser import OutputParser, ParsedOutput, ParseError, ParserEvent, ToolCall
@@ -145,9 +152,14 @@ def plan_turn(profile: ModelProfile, session: Session, turn: Turn, params: ChatP
     if ledger is None or not ledger.capturing:
         ids = renderer.render_prompt(messages, tools, **kw)
         return Plan(np.asarray(ids, dtype=np.int32), ids, False, reasoning_forced=_forced(profile, ids))
-    seg = ledger.current
-    synced = ledger.sync(messages, surface=params.surface, tools=digest)
-    if isinstance(synced, Violation) and ledger.is_retry(messages, surface=params.surface, tools=digest):
+    new_on_miss, parent, event = conversation_event(params.event, len(ledger.conversations))
+    found = ledger.match(messages, surface=params.surface, tools=digest, new_on_miss=new_on_miss)
+    seg, synced = ledger.head(None if found.opens else found.conversation), found.found
+    if (
+        isinstance(synced, Violation)
+        and not found.opens
+        and ledger.is_retry(messages, surface=params.surface, tools=digest, conversation=found.conversation)
+    ):
         last = seg.turns[-1]
         cause = duplicate_cause(turn, last.committed_at)
         if cause == "retry":
@@ -165,16 +177,22 @@ def plan_turn(profile: ModelProfile, session: Session, turn: Turn, params: ChatP
                 replace_last=True,
                 reasoning_forced=_forced(profile, inc),
                 history=history_print(messages),
+                conversation=found.conversation,
             )
         synced = Violation(cause, len(messages), "the same request arrived while its turn was running")
     plan = Plan(np.zeros(0, dtype=np.int32), [], True, messages, params.surface, digest)
+    plan.conversation = found.conversation
     plan.history = history_print(messages) if isinstance(synced, Violation) else synced.history
     if isinstance(synced, Violation):
-        decision = decide(session, synced, params.event)
-        if isinstance(decision, str):
-            plan.invalidate, plan.recorded = decision, False
+        if found.opens:
+            plan.segment = (synced.cause, synced.detail)
+            plan.parent = ledger.active if parent is None else parent
         else:
-            plan.segment = decision
+            decision = decide(session, synced, event)
+            if isinstance(decision, str):
+                plan.invalidate, plan.recorded = decision, False
+            else:
+                plan.segment = decision
         ids = renderer.render_prompt(messages, tools, **kw)
         plan.input_ids, plan.increment = np.asarray(ids, dtype=np.int32), ids
     elif (last := seg.last_turn) is None:
@@ -198,6 +216,32 @@ def plan_turn(profile: ModelProfile, session: Session, turn: Turn, params: ChatP
         plan.echo_matches, plan.echo_edits = synced.echo_matches, synced.echo_edits
     plan.reasoning_forced = _forced(profile, plan.increment)
     return plan
+
+
+def conversation_event(event: str | None, conversations: int) -> tuple[bool | None, int | None, str | None]:
+    """What an agent-stated event (`X-Rlgw-Event`) says about conversations: whether a request
+    that extends none opens a new one (None: the ledger decides), the parent it names, and the
+    segment cause left for a rewrite.
+
+    `new_conversation` opens one (its parent: the conversation that spoke last);
+    `new_conversation; parent=N` names the parent. Any other value names a rewrite's cause.
+    """
+    if event is None:
+        return None, None, None
+    head, _, rest = event.partition(";")
+    if head.strip() != Cause.NEW_CONVERSATION:
+        return False, None, event
+    rest = rest.strip()
+    if not rest:
+        return True, None, None
+    key, _, value = rest.partition("=")
+    if key.strip() != "parent" or not value.strip().isdigit() or int(value) >= conversations:
+        raise InvalidRequest(
+            f"X-Rlgw-Event {event!r}: expected 'new_conversation' or 'new_conversation; parent=N' "
+            f"with N one of the session's conversations (0..{conversations - 1})",
+            param="X-Rlgw-Event",
+        )
+    return True, int(value), None
 
 
 def _last_user(messages: list[dict[str, Any]], end: int) -> dict[str, Any] | None:

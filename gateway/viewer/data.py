@@ -73,6 +73,42 @@ class Run:
         return not reason or reason.lower() in str(self.termination_reason or "").lower()
 
 
+@dataclass
+class ConversationNode:
+    """One conversation of a run, for its tree: its segments (as shown) and the ones it opened."""
+
+    conversation: int
+    parent: int | None
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    children: list[ConversationNode] = field(default_factory=list)
+
+
+def conversation_tree(segments: list[dict[str, Any]]) -> list[ConversationNode]:
+    """The run's conversations as a forest, roots first, each segment under its conversation.
+
+    Each shown segment names its `conversation` and `parent` (samples stored before conversations
+    name neither: they are all the one conversation 0). A parent no stored segment names (its
+    segments were all rejected) is shown as a node of its own, so no conversation is left out.
+    """
+    nodes: dict[int, ConversationNode] = {}
+    for seg in segments:
+        c = int(seg.get("conversation") or 0)
+        node = nodes.setdefault(c, ConversationNode(c, seg.get("parent")))
+        node.segments.append(seg)
+    for c in sorted(nodes):
+        parent = nodes[c].parent
+        if parent is not None and parent not in nodes:
+            nodes[parent] = ConversationNode(parent, None)
+    roots = []
+    for c in sorted(nodes):
+        node = nodes[c]
+        if node.parent is None or node.parent == c:
+            roots.append(node)
+        else:
+            nodes[node.parent].children.append(node)
+    return roots
+
+
 def group_runs(rows: Iterable[SampleSummary]) -> Iterator[Run]:
     """Newest-first summaries -> runs, newest first, each run's segments oldest first.
 

@@ -87,6 +87,7 @@ def test_every_documented_metric_is_exported() -> None:
         "rlgw_trainable_tokens",
         "rlgw_generated_tokens",
         "rlgw_segments",
+        "rlgw_conversations",
         "rlgw_sample_rejects",
         "rlgw_request_rejects",
         "rlgw_engine_errors",

@@ -198,8 +198,10 @@ def cut_inside_tool_call(a: Agent) -> list[str]:
 
 def rewrite_summary(a: Agent) -> list[str]:
     a.loop(fp.WEATHER, turns=3)
+    # The summary keeps the conversation's opening (here: no system message); one with a system
+    # message of its own would open a new conversation (a subagent's), not rewrite this one.
     summary = [
-        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "A summary of the work so far follows."},
         {"role": "user", "content": "Earlier: it is sunny in Paris."},
         {"role": "assistant", "content": "Noted."},
         *_weather("Berlin"),

@@ -36,6 +36,22 @@ def site(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     long.metadata["termination_reason"] = "long_run"
     assert len(long.tokens) >= LONG_TOKENS
     bobs = tool_conversation(tok, rng)
+    # A main agent (conversation 0), its subagent (1) and the subagent's own subagent (2).
+    lineage = [
+        tool_conversation(
+            tok,
+            rng,
+            metadata={
+                "segment": i,
+                "segments": 3,
+                "segment_cause": "start" if i == 0 else "new_conversation",
+                "conversation": i,
+                "conversation_parent": None if i == 0 else i - 1,
+                "conversations": 3,
+            },
+        )
+        for i in range(3)
+    ]
     data = tmp_path_factory.mktemp("viewer-browser")
 
     async def fill() -> list[int]:
@@ -43,6 +59,7 @@ def site(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         cursors = await store.add_samples("alice", "sess-a", "weather-paris", [short])
         cursors += await store.add_samples("alice", "sess-long", "long-task", [long])
         cursors += await store.add_samples("bob", "sess-b", "bobs-secret-task", [bobs])
+        cursors += await store.add_samples("alice", "sess-tree", "subagents", lineage, segments=[0, 1, 2])
         await store.close()
         return cursors
 
@@ -55,6 +72,7 @@ def site(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             "short": (cursors[0], short),
             "long": (cursors[1], long),
             "bob": cursors[2],
+            "tree": cursors[3],
         }
     store.close_sync()
 
@@ -102,6 +120,24 @@ def test_list_shows_the_run_and_its_tokens_are_coloured_by_mask(site) -> None:
     ctx.close()
 
 
+def test_a_runs_conversations_are_shown_as_a_tree(site) -> None:
+    ctx = _alice(site)
+    page = ctx.new_page()
+    page.goto(site["url"] + f"/ui/runs/{site['tree']}")
+    # Each conversation's node sits inside its parent's: 0 > 1 > 2, and names its segment.
+    nested = page.eval_on_selector_all(
+        "li.conversation",
+        """els => els.map(e => [Number(e.dataset.conversation),
+            e.parentElement.closest('li.conversation')?.dataset.conversation ?? null,
+            [...e.querySelectorAll(':scope > a.seglink')].map(a => a.getAttribute('href'))])""",
+    )
+    assert nested == [[0, None, ["#seg-0"]], [1, "0", ["#seg-1"]], [2, "1", ["#seg-2"]]]
+    page.locator('li.conversation[data-conversation="2"] > a.seglink').click()
+    assert page.url.endswith("#seg-2")
+    assert "conversation 2" in page.locator("#seg-2 h2").inner_text()
+    ctx.close()
+
+
 def test_a_32k_token_sample_opens_fast_and_loads_lazily(site) -> None:
     cursor, sample = site["long"]
     ctx = _alice(site)
@@ -127,7 +163,7 @@ def test_a_tenant_cannot_see_another_tenants_run(site) -> None:
     page.click("form.login button")
     page.wait_for_selector("table.runs")
     tasks = page.locator("table.runs tbody tr td:first-child").all_inner_texts()
-    assert sorted(tasks) == ["long-task", "weather-paris"]
+    assert sorted(tasks) == ["long-task", "subagents", "weather-paris"]
     assert "bobs-secret-task" not in page.content()
     resp = page.goto(f"{site['url']}/ui/runs/{site['bob']}")
     assert resp is not None and resp.status == 404

@@ -16,8 +16,9 @@ from rlgw.gateway.trajectories.client import SessionInfo
 from rlgw.integrations.rollout import ChatLoop, TaskRequest
 from tests.support import fixture_prompts as fp
 
+# The summary keeps the loop's opening (no system message): a rewrite of its conversation, not a new one.
 SUMMARY: list[dict[str, Any]] = [
-    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "A summary of the work so far follows."},
     {"role": "user", "content": "Earlier: it is sunny in Paris."},
     {"role": "assistant", "content": "Noted."},
     {"role": "user", "content": "What is the weather in Berlin?"},

@@ -85,7 +85,8 @@ def check_token_exact(st: Stack, doc: dict[str, Any]) -> int:
     return len(runs)
 
 
-async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, conversations: int) -> None:
+async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, causes: list[str]) -> None:
+    """One run of the CLI; `causes`: its samples' segment causes, one sample per conversation."""
     task = Task(f"{scaffold.name}-hello", TASKS[scaffold.name], setup_files={"README.md": "notes\n"},
                 verifier=Verifier(VERIFY, timeout_s=60))  # fmt: skip
     sandboxes = Sandboxes(tmp_path)
@@ -103,7 +104,9 @@ async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, conversa
     assert r.failed_stage is None and r.exit_code == 0, detail
     assert r.termination is TerminationReason.FINISH, detail
     assert r.reward == 1.0, detail  # the CLI ran the fixture's tool call in the workspace
-    assert len(r.samples) == conversations and not r.rejects, (r.samples, r.rejects)
+    assert len(r.samples) == len(causes) and not r.rejects, (r.samples, r.rejects)
+    assert [d.metadata["segment_cause"] for d in docs] == causes
+    assert [d.metadata["conversation"] for d in docs] == list(range(len(causes)))
     for d in docs:
         validate_sample(d)
     assert max(spans) >= 2, spans  # the main conversation: the call, then the answer
@@ -112,15 +115,16 @@ async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, conversa
 
 async def test_claude_code(agent_stack: Stack, tmp_path: Path) -> None:
     prefix = prefix_for(ClaudeCodeScaffold)
-    await run_cli(agent_stack, ClaudeCodeScaffold(prefix=prefix), tmp_path, conversations=1)
+    await run_cli(agent_stack, ClaudeCodeScaffold(prefix=prefix), tmp_path, causes=["start"])
 
 
 async def test_codex(agent_stack: Stack, tmp_path: Path) -> None:
     prefix = prefix_for(CodexScaffold)
-    await run_cli(agent_stack, CodexScaffold(prefix=prefix), tmp_path, conversations=1)
+    await run_cli(agent_stack, CodexScaffold(prefix=prefix), tmp_path, causes=["start"])
 
 
 async def test_opencode(agent_stack: Stack, tmp_path: Path) -> None:
     prefix = prefix_for(OpencodeScaffold)
-    # Two conversations: opencode's title request, then the main one.
-    await run_cli(agent_stack, OpencodeScaffold(prefix=prefix), tmp_path, conversations=2)
+    # Two conversations: opencode's title request (its own system prompt, no tools), then the main one.
+    causes = ["start", "new_conversation"]
+    await run_cli(agent_stack, OpencodeScaffold(prefix=prefix), tmp_path, causes=causes)

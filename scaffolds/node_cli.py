@@ -1,4 +1,5 @@
-"""The shared shape of the coding-agent CLIs that ship on npm (Claude Code, Codex, opencode).
+"""The shared shape of the coding-agent CLIs that ship on npm (Claude Code, Codex, opencode,
+qwen-code, pi).
 
 Each is one pinned npm package installed into a prefix of its own (`install.npm_install`:
 skipped when the prefix already holds that version), configured through its own settings

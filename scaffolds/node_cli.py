@@ -98,6 +98,12 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     return events
 
 
+def output_cap(ctx: ScaffoldContext) -> int | None:
+    """The run's output-token cap (sampling `max_tokens` or `max_completion_tokens`), if it sets one."""
+    cap = ctx.sampling.get("max_tokens") or ctx.sampling.get("max_completion_tokens")
+    return int(cap) if cap else None
+
+
 def session_root(base_url: str) -> str:
     """The session's base URL without its trailing `/v1` (Anthropic clients append `/v1/messages`)."""
     url = base_url.rstrip("/")

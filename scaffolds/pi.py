@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import orjson
 
-from rlgw.scaffolds.node_cli import CONTEXT_ERROR, NodeCliScaffold, session_root
+from rlgw.scaffolds.node_cli import CONTEXT_ERROR, NodeCliScaffold, output_cap, session_root
 from rlgw.scaffolds.scaffold import ScaffoldContext, TrajectoryInfo
 from rlgw.scaffolds.termination import TerminationReason as R
 
@@ -53,9 +53,8 @@ class PiScaffold(NodeCliScaffold):
     def models(self, ctx: ScaffoldContext) -> dict[str, Any]:
         """pi's `models.json` for this run."""
         model: dict[str, Any] = {"id": ctx.llm.model}
-        output = ctx.sampling.get("max_tokens") or ctx.sampling.get("max_completion_tokens")
-        if output:
-            model["maxTokens"] = int(output)
+        if output := output_cap(ctx):
+            model["maxTokens"] = output
         if self.context_window:
             model["contextWindow"] = self.context_window
         # Anthropic's SDK appends `/v1/messages` to its base URL.

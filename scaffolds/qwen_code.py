@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from rlgw.scaffolds.node_cli import CONTEXT_ERROR, NodeCliScaffold
+from rlgw.scaffolds.node_cli import CONTEXT_ERROR, NodeCliScaffold, output_cap
 from rlgw.scaffolds.scaffold import ScaffoldContext, TrajectoryInfo
 from rlgw.scaffolds.termination import TerminationReason as R
 
@@ -69,8 +69,7 @@ class QwenCodeScaffold(NodeCliScaffold):
             "OPENAI_MODEL": ctx.llm.model,
             "QWEN_HOME": f"{ctx.home}/qwen-home",
         }
-        max_tokens = ctx.sampling.get("max_tokens") or ctx.sampling.get("max_completion_tokens")
-        if max_tokens:
+        if max_tokens := output_cap(ctx):
             env["QWEN_CODE_MAX_OUTPUT_TOKENS"] = str(max_tokens)
         return env
 

@@ -1,4 +1,5 @@
-"""Claude Code, Codex and opencode (pinned npm releases) run for real through `rlgw serve` on tiny-agent.
+"""Claude Code, Codex, opencode, qwen-code and pi (pinned npm releases) run for real through `rlgw serve` on
+tiny-agent.
 
 Each run goes through the product's own path: `InstalledAgent` with the CLI's scaffold on a local
 sandbox, the scaffold's install command putting the npm package into a cache prefix
@@ -15,6 +16,9 @@ to, and the recorded logprobs equal the engine's teacher-forced ones.
 
 Claude Code's first request carries a mid-conversation system message and Codex's carries
 `namespace` and hosted tools: both were a 400 before the Messages and Responses surfaces served them.
+
+Samples per run are what main's gateway stores today (`SAMPLES`): until a session holds several
+conversations (issue 24 part 3, the `lineages` branch), a side conversation opens a new segment.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
 from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
+from rlgw.scaffolds.pi import PiScaffold
+from rlgw.scaffolds.qwen_code import QwenCodeScaffold
 from rlgw.scaffolds.tasks import Task, Verifier
 from rlgw.scaffolds.termination import TerminationReason
 from tests.fixtures.build_agent_fixture import TASKS
@@ -48,6 +54,16 @@ VERIFY = (
     "python3 -c \"import pathlib, sys; p = pathlib.Path('hello.txt'); "
     "sys.exit(0 if p.exists() and p.read_text().strip() == 'hello' else 1)\""
 )
+# Samples each run stores on main's gateway, and their segment causes. With
+# conversations (issue 24 part 3) a side conversation's cause becomes `new_conversation`: update these
+# when that lands.
+SAMPLES: dict[str, list[str]] = {
+    "claude-code": ["start"],
+    "codex": ["start"],
+    "opencode": ["start", "tools_changed"],  # its title request, then the main conversation
+    "qwen-code": ["start"],
+    "pi": ["start"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +101,9 @@ def check_token_exact(st: Stack, doc: dict[str, Any]) -> int:
     return len(runs)
 
 
-async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, conversations: int) -> None:
-    task = Task(f"{scaffold.name}-hello", TASKS[scaffold.name], setup_files={"README.md": "notes\n"},
+async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, run: str | None = None) -> None:
+    run = run or scaffold.name
+    task = Task(f"{run}-hello", TASKS[run], setup_files={"README.md": "notes\n"},
                 verifier=Verifier(VERIFY, timeout_s=60))  # fmt: skip
     sandboxes = Sandboxes(tmp_path)
     config = AgentConfig(mode="capture", model="tiny-agent", max_turns=4, agent_timeout_s=900,
@@ -97,13 +114,14 @@ async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, conversa
         docs = [(await client.get_trajectory(s["cursor"])).sample for s in r.samples]
     detail = f"{r.termination} {r.failed_stage} {r.error}\n{r.detail}\n{r.output_tail[-3000:]}"
     spans = [check_token_exact(st, stored(st, s["cursor"])) for s in r.samples]
-    print(f"REAL-CLI {scaffold.name:<12} exit={r.exit_code} reason={r.termination} reward={r.reward} "
-          f"samples={len(r.samples)} requests_per_sample={spans} "
-          f"causes={[d.metadata.get('segment_cause') for d in docs]} wall={r.duration_s:.0f}s")  # fmt: skip
+    causes = [d.metadata.get("segment_cause") for d in docs]
+    print(f"REAL-CLI {run:<18} exit={r.exit_code} reason={r.termination} reward={r.reward} "
+          f"samples={len(r.samples)} requests_per_sample={spans} causes={causes} "
+          f"wall={r.duration_s:.0f}s")  # fmt: skip
     assert r.failed_stage is None and r.exit_code == 0, detail
     assert r.termination is TerminationReason.FINISH, detail
     assert r.reward == 1.0, detail  # the CLI ran the fixture's tool call in the workspace
-    assert len(r.samples) == conversations and not r.rejects, (r.samples, r.rejects)
+    assert causes == SAMPLES[run] and not r.rejects, (causes, r.rejects)
     for d in docs:
         validate_sample(d)
     assert max(spans) >= 2, spans  # the main conversation: the call, then the answer
@@ -112,15 +130,24 @@ async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, conversa
 
 async def test_claude_code(agent_stack: Stack, tmp_path: Path) -> None:
     prefix = prefix_for(ClaudeCodeScaffold)
-    await run_cli(agent_stack, ClaudeCodeScaffold(prefix=prefix), tmp_path, conversations=1)
+    await run_cli(agent_stack, ClaudeCodeScaffold(prefix=prefix), tmp_path)
 
 
 async def test_codex(agent_stack: Stack, tmp_path: Path) -> None:
     prefix = prefix_for(CodexScaffold)
-    await run_cli(agent_stack, CodexScaffold(prefix=prefix), tmp_path, conversations=1)
+    await run_cli(agent_stack, CodexScaffold(prefix=prefix), tmp_path)
 
 
 async def test_opencode(agent_stack: Stack, tmp_path: Path) -> None:
     prefix = prefix_for(OpencodeScaffold)
-    # Two conversations: opencode's title request, then the main one.
-    await run_cli(agent_stack, OpencodeScaffold(prefix=prefix), tmp_path, conversations=2)
+    await run_cli(agent_stack, OpencodeScaffold(prefix=prefix), tmp_path)
+
+
+async def test_qwen_code(agent_stack: Stack, tmp_path: Path) -> None:
+    prefix = prefix_for(QwenCodeScaffold)
+    await run_cli(agent_stack, QwenCodeScaffold(prefix=prefix), tmp_path)
+
+
+async def test_pi(agent_stack: Stack, tmp_path: Path) -> None:
+    prefix = prefix_for(PiScaffold)
+    await run_cli(agent_stack, PiScaffold(prefix=prefix), tmp_path)

@@ -7,13 +7,17 @@ the raw arrays (int32 token + uint8 mask + float32 logprob = 9 bytes per respons
 Tokens are the real Qwen3 tokenizer's ids for Python source from site-packages (agent traces
 are mostly code and tool output); logprobs are -Exp(0.4) on generated positions, 0 elsewhere.
 
-    python bench/store.py [--samples 64] [--tokens 32768] [--dir /tmp/rlgw-bench]
+`--pg` runs the same against the PostgreSQL store too (`--pg-url`, or a throwaway cluster with fsync
+on: tests/support/postgres.py), printing the commit rates' ratio to SQLite's.
+
+    python -m bench.store [--samples 64] [--tokens 32768] [--dir /tmp/rlgw-bench] [--pg]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import shutil
 import tempfile
@@ -24,7 +28,8 @@ import numpy as np
 import orjson
 
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
-from rlgw.gateway.trajectories.store import DB_NAME, TrajectoryStore, encode_arrays
+from rlgw.gateway.trajectories.backends import open_store
+from rlgw.gateway.trajectories.store import DB_NAME, encode_arrays
 
 
 def corpus_ids(n_tokens: int) -> np.ndarray:
@@ -73,8 +78,21 @@ def make_samples(count: int, tokens: int, rng: np.random.Generator) -> list[Samp
     return out
 
 
-async def run(samples: list[Sample], data_dir: Path, concurrency: int) -> None:
-    store = TrajectoryStore.open(data_dir)
+def _size(location: str | None, data_dir: Path) -> int:
+    """Bytes the samples take: the SQLite file, or the PostgreSQL table with its TOAST and indexes."""
+    if location is None:
+        return (data_dir / DB_NAME).stat().st_size
+    import psycopg
+
+    with psycopg.connect(location) as conn:
+        return int(conn.execute("SELECT pg_total_relation_size('rlgw.samples')").fetchone()[0])
+
+
+async def run(
+    samples: list[Sample], location: str | None, data_dir: Path, concurrency: int
+) -> tuple[float, float]:
+    """Print the figures of one store; returns its sequential and concurrent commit rates."""
+    store = open_store(location, data_dir)
     n = len(samples)
 
     t0 = time.perf_counter()
@@ -115,9 +133,10 @@ async def run(samples: list[Sample], data_dir: Path, concurrency: int) -> None:
     per = len(samples[0].tokens)
     tokens = per * 2 * n
     raw = sum(s.tokens.nbytes + s.loss_mask.nbytes + s.rollout_log_probs.nbytes for s in samples) * 2
-    disk = (data_dir / DB_NAME).stat().st_size
+    disk = _size(location, data_dir)
     rate = lambda r: f"{r:8.1f} samples/s = {r * per / 1e6:6.2f} M tokens/s"  # noqa: E731
-    print(f"{2 * n} samples of {per} tokens ({samples[0].response_length} response)")
+    kind = "postgresql" if location else "sqlite"
+    print(f"{kind}: {2 * n} samples of {per} tokens ({samples[0].response_length} response)")
     print(f"commit, sequential (fsync each)  {rate(seq)}")
     print(f"commit, {concurrency} concurrent finishes  {rate(conc)}")
     print(f"read (list + decode)             {rate(reads)}")
@@ -132,8 +151,9 @@ async def run(samples: list[Sample], data_dir: Path, concurrency: int) -> None:
     print(f"encode_arrays (zstd level 3)     {encode_ms:8.2f} ms/sample, {blob_bytes / per:.2f} bytes/token")
     print(
         f"on disk: {disk / tokens:.2f} bytes/token vs raw arrays {raw / tokens:.2f} bytes/token "
-        f"(x{raw / disk:.1f} smaller); file {disk / 1e6:.1f} MB for {tokens / 1e6:.1f} M tokens"
+        f"(x{raw / disk:.1f} smaller); {disk / 1e6:.1f} MB for {tokens / 1e6:.1f} M tokens"
     )
+    return seq, conc
 
 
 def main() -> None:
@@ -142,11 +162,26 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32768)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--dir", type=Path, default=None, help="where to put the store (default: a temp dir)")
+    p.add_argument("--pg", action="store_true", help="also the PostgreSQL store")
+    p.add_argument("--pg-url", help="its database (default: a throwaway cluster)")
     args = p.parse_args()
     samples = make_samples(args.samples, args.tokens, np.random.default_rng(0))
     data_dir = args.dir or Path(tempfile.mkdtemp(prefix="rlgw-bench-"))
     try:
-        asyncio.run(run(samples, data_dir, args.concurrency))
+        with contextlib.ExitStack() as stack:
+            local = asyncio.run(run(samples, None, data_dir, args.concurrency))
+            if args.pg or args.pg_url:
+                url = args.pg_url
+                if url is None:
+                    from tests.support.postgres import cluster
+
+                    url = stack.enter_context(cluster(durable=True)).url()
+                print()
+                pg = asyncio.run(run(samples, url, data_dir, args.concurrency))
+                print(
+                    f"\npostgresql / sqlite commit rate: sequential {pg[0] / local[0]:.2f}x, "
+                    f"{args.concurrency} concurrent {pg[1] / local[1]:.2f}x"
+                )
     finally:
         if args.dir is None:
             shutil.rmtree(data_dir)

@@ -45,7 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--install-timeout", type=float, default=900.0)
     p.add_argument("--sandbox", choices=("local", "rock"), default="local")
     p.add_argument("--artifacts-dir", default=None, help="keep each run's logs and workspace here")
-    p.add_argument("--ray", default=None, metavar="ADDRESS", help="fan out over Ray ('local' starts one)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="fan out over the Ray cluster at ADDRESS (host:6379, ray://host:10001, auto; "
+                        "'local' starts one); rlgw must be installed on every node")  # fmt: skip
+    p.add_argument("--ray-retries", type=int, default=1, metavar="N",
+                   help="run a task again up to N times when its Ray worker or node dies; past that "
+                        "it is reported as infra_error")  # fmt: skip
     p.add_argument("--json", action="store_true", help="also print each result as a JSON line")
     p.set_defaults(func=run)
 
@@ -109,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         if args.ray:
-            results = run_ray(spec, tasks, address=args.ray, concurrency=args.concurrency)
+            results = asyncio.run(
+                run_ray(spec, tasks, address=args.ray, concurrency=args.concurrency, retries=args.ray_retries)
+            )
         else:
             results = asyncio.run(run_local(spec, tasks, concurrency=args.concurrency))
     except ValueError as e:  # bad scaffold name/options, capture conflicts

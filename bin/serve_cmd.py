@@ -104,6 +104,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(an fsync per turn)",
     )
     p.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="trajectory store: a postgresql:// URL several gateways share (default: SQLite in --data-dir)",
+    )
+    p.add_argument(
+        "--journal",
+        default=None,
+        metavar="URL",
+        help="session journal: a postgresql:// URL shared by several gateways (default: files in --data-dir)",
+    )
+    p.add_argument(
         "--session-ttl", type=float, default=6 * 3600.0, help="seconds after which an idle session is dropped"
     )
     p.add_argument(
@@ -263,6 +275,10 @@ def run(args: argparse.Namespace) -> int:
     if args.cache_mib is not None and args.cache_mib < 0:
         print("rlgw serve: --cache-mib must be at least 0 (0 turns the prefix cache off)", file=sys.stderr)
         return 2
+    for flag, url in (("--store", args.store), ("--journal", args.journal)):
+        if url is not None and not url.startswith(("postgresql://", "postgres://")):
+            print(f"rlgw serve: {flag} takes a postgresql:// URL, got {url!r}", file=sys.stderr)
+            return 2
     import uvicorn
 
     from rlgw.gateway.app import GatewayConfig, create_app
@@ -299,6 +315,8 @@ def run(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             allow_template_mismatch=args.allow_template_mismatch,
             journal_sync=args.journal_sync,
+            store=args.store,
+            journal=args.journal,
             session_ttl=args.session_ttl,
             admin_key=_admin_key(args),
             default_limits=Limits(args.max_open_sessions, args.max_in_flight, args.max_tokens_per_minute),

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlgw.trainer.config import TrainConfig
 
 EXAMPLE = """example (learns to answer with a given word on the tiny fixture, CPU, about a minute):
   rlgw train --config trainer/configs/word-tiny.json
   rlgw train --config cfg.json --dump-rollouts dumps/     # also write each iteration's samples (JSON lines)
   rlgw train --config cfg.json --replay dumps/            # train on dumps only: no gateway, no engine
+  rlgw train --config trainer/configs/word-tiny-megatron.json --nproc-per-node 2   # Megatron, tp=2
+  torchrun --nproc-per-node 2 -m rlgw.bin.main train --config trainer/configs/word-tiny-megatron.json
+    (the same without the re-exec: tp * pp * dp of the config's `parallel` processes; rank 0 runs the
+    loop, the gateway and the engine, the other ranks only train)
 Console: one line per iteration (reward, tokens, losses, served version, time split) and warnings.
 Receipts (one JSON line per iteration) go to WORK_DIR/receipts.jsonl and TensorBoard event files
 (WORK_DIR/tensorboard; `tensorboard --logdir WORK_DIR/tensorboard`); every log line to WORK_DIR/train.log.
@@ -59,7 +68,49 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--replay", default=None, metavar="DIR", help="train on --dump-rollouts files only")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (summary lines only)")
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run under torchrun with N processes (the config's parallel tp * pp * dp)",
+    )
     p.set_defaults(func=run)
+
+
+def _exec_torchrun(nproc: int) -> None:
+    """Replace this process by torchrun running this same command line on `nproc` processes."""
+    import sys
+
+    argv, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a == "--nproc-per-node":
+            skip = True
+        elif not a.startswith("--nproc-per-node="):
+            argv.append(a)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "-m", "rlgw.bin.main", *argv]  # fmt: skip
+    os.execv(sys.executable, cmd)
+
+
+def _follow(cfg: TrainConfig) -> int:
+    """A rank other than 0: build its piece of the trainer and do what rank 0 says until the run ends."""
+    import torch
+
+    from rlgw.trainer.loop import build_trainer
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    trainer = build_trainer(cfg)
+    follow = getattr(trainer, "follow", None)
+    if follow is None:
+        raise SystemExit(
+            f"rlgw train: trainer {cfg.trainer!r} runs on one process; launch it without torchrun"
+        )
+    follow()
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,6 +138,15 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, ValidationError) as e:
         print(f"rlgw train: bad config {args.config}: {e}", file=sys.stderr)
         return 2
+    if args.nproc_per_node is not None and args.nproc_per_node != cfg.parallel.world:
+        print(f"rlgw train: --nproc-per-node {args.nproc_per_node} but the config's parallel "
+              f"{cfg.parallel.model_dump()} needs tp * pp * dp = {cfg.parallel.world}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.nproc_per_node is not None and "RANK" not in os.environ:
+        _exec_torchrun(args.nproc_per_node)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return _follow(cfg)
     loop = Loop(
         cfg,
         progress=not args.no_progress,

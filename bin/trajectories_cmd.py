@@ -1,4 +1,5 @@
-"""`rlgw trajectories list|show|export|view`: read a trajectory store's SQLite file directly, read-only.
+"""`rlgw trajectories list|show|export|view`: read a trajectory store directly, read-only (the data dir's
+SQLite file, or the PostgreSQL database `--store` names).
 
 This module owns the command line and the export files; the on-disk format belongs to
 `rlgw.gateway.trajectories.store`, the samples' Parquet schema to `rlgw.gateway.trajectories.parquet`
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
-    from rlgw.gateway.trajectories.store import StoredSample, TrajectoryStore
+    from rlgw.gateway.trajectories.backends import Store
+    from rlgw.gateway.trajectories.store import StoredSample
 
 EXAMPLES = """\
 examples:
@@ -28,6 +30,7 @@ examples:
   rlgw trajectories export --format parquet --out batch.parquet --after 1200
   rlgw trajectories export --format jsonl | head -c 1000
   rlgw trajectories view --tokenizer tests/fixtures/tiny-qwen3   # then open http://127.0.0.1:8001/ui
+  rlgw trajectories view --data-dir WORK/store --receipts WORK/receipts.jsonl  # /ui/training
 """
 EXPORT_BATCH = 64
 
@@ -40,6 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=Path,
         default=None,
         help="the gateway's data directory (default: $RLGW_DATA_DIR or ~/.local/share/rlgw)",
+    )
+    common.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="a postgresql:// trajectory store (default: the data dir's)",
     )
     common.add_argument("--tenant", default=None, help="only this tenant's samples (default: all tenants)")
     p = sub.add_parser(
@@ -77,18 +86,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="tokenizer dir to show token text (default: none, token ids are shown)",
     )
+    view.add_argument(
+        "--receipts",
+        type=Path,
+        default=None,
+        help="a `rlgw train` run's WORK_DIR/receipts.jsonl, charted at /ui/training (default: none)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Open the store read-only and run the chosen action; exit code 2 if there is no store."""
-    from rlgw.gateway.trajectories.store import StoreError, TrajectoryStore, default_data_dir
+    from rlgw.gateway.trajectories.backends import open_store_readonly
+    from rlgw.gateway.trajectories.store import StoreError, default_data_dir
 
     data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
     if args.action == "view":
         return _view(data_dir, args)
     try:
-        store = TrajectoryStore.open_readonly(data_dir)
+        store = open_store_readonly(args.store, data_dir)
     except StoreError as exc:
         print(f"rlgw trajectories: {exc}", file=sys.stderr)
         return 2
@@ -107,14 +123,15 @@ def _view(data_dir: Path, args: argparse.Namespace) -> int:
     import uvicorn
 
     from rlgw.bin.serve_cmd import port_in_use
-    from rlgw.gateway.trajectories.store import StoreError, TrajectoryStore
+    from rlgw.gateway.trajectories.backends import open_store_readonly
+    from rlgw.gateway.trajectories.store import StoreError
     from rlgw.gateway.viewer.routes import viewer_app
 
     if problem := port_in_use(args.host, args.port):
         print(f"rlgw trajectories view: {problem}", file=sys.stderr)
         return 2
     try:
-        store = TrajectoryStore.open_readonly(data_dir)
+        store = open_store_readonly(args.store, data_dir)
     except StoreError as exc:
         print(f"rlgw trajectories: {exc}", file=sys.stderr)
         return 2
@@ -124,10 +141,13 @@ def _view(data_dir: Path, args: argparse.Namespace) -> int:
 
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     scope = f"tenant {args.tenant}" if args.tenant else "all tenants"
-    print(f"rlgw trajectories view: http://{args.host}:{args.port}/ui ({data_dir}, {scope})", file=sys.stderr)
+    print(
+        f"rlgw trajectories view: http://{args.host}:{args.port}/ui ({args.store or data_dir}, {scope})",
+        file=sys.stderr,
+    )
     try:
         uvicorn.run(
-            viewer_app(store, scope=args.tenant, tokenizer=tokenizer),
+            viewer_app(store, scope=args.tenant, tokenizer=tokenizer, receipts=args.receipts),
             host=args.host,
             port=args.port,
             log_config=None,
@@ -138,7 +158,7 @@ def _view(data_dir: Path, args: argparse.Namespace) -> int:
     return 0
 
 
-def _list(store: TrajectoryStore, args: argparse.Namespace) -> int:
+def _list(store: Store, args: argparse.Namespace) -> int:
     header = ("cursor", "session", "task", "segment", "status", "reward", "response_length", "trainable")
     rows = [header]
     for s in store.list_sync(args.tenant, after=args.after, limit=args.limit):
@@ -164,7 +184,7 @@ def _list(store: TrajectoryStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(store: TrajectoryStore, args: argparse.Namespace) -> int:
+def _show(store: Store, args: argparse.Namespace) -> int:
     stored = store.get_sync(args.tenant, args.cursor)
     if stored is None:
         print(f"rlgw trajectories: no sample with cursor {args.cursor}", file=sys.stderr)
@@ -174,7 +194,7 @@ def _show(store: TrajectoryStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def _export(store: TrajectoryStore, args: argparse.Namespace) -> int:
+def _export(store: Store, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     if args.format == "parquet":

@@ -35,7 +35,7 @@ from rlgw.gateway.ops import api as ops_api
 from rlgw.gateway.serving.edge import Edge
 from rlgw.gateway.serving.routing import SESSION_ROUTES
 from rlgw.gateway.sessions import api as sessions_api
-from rlgw.gateway.sessions.journal import SessionJournal
+from rlgw.gateway.sessions.journals import open_journal
 from rlgw.gateway.sessions.table import SessionTable
 from rlgw.gateway.surfaces.anthropic import api as anthropic_api
 from rlgw.gateway.surfaces.chat_completions import api as chat_completions
@@ -46,7 +46,7 @@ from rlgw.gateway.tenancy.limits import Limits, LimitTable
 from rlgw.gateway.tenancy.store import TenantStore
 from rlgw.gateway.tenancy.tenants import KeyTable
 from rlgw.gateway.trajectories import api as trajectories_api
-from rlgw.gateway.trajectories.store import TrajectoryStore
+from rlgw.gateway.trajectories.backends import open_store
 from rlgw.gateway.turns.lifecycle import DEFAULT_MAX_TOKENS
 from rlgw.gateway.viewer import routes as viewer
 
@@ -74,6 +74,10 @@ class GatewayConfig:
     session_ttl: float = 6 * 3600.0  # forget sessions idle this long (nothing is stored for them)
     # The session journal's durability: "normal" survives a killed process, "full" power loss too.
     journal_sync: str = "normal"
+    # Where samples and the journal live: a `postgresql://` URL shares them between gateways;
+    # None keeps them in `data_dir` (SQLite and local files).
+    store: str | None = None
+    journal: str | None = None
     # Start even when the template probe finds that increments differ from full renders.
     allow_template_mismatch: bool = False
     admin_key: str | None = None  # manages tenants (/admin/tenants); from env or a file, never argv
@@ -128,7 +132,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         backend = MeteredBackend(make_backend(config.engine_kind, config.engine_url))
-        store = TrajectoryStore.open(config.data_dir)
+        store = open_store(config.store, config.data_dir)
         tenant_store = TenantStore.open(config.data_dir)
         try:
             app.state.tenant_store = tenant_store
@@ -197,7 +201,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             journal.close()
 
     app = _EdgeFirst(title="rlgw", lifespan=lifespan)
-    journal = SessionJournal.open(config.data_dir, sync=config.journal_sync)
+    journal = open_journal(config.journal, config.data_dir, sync=config.journal_sync)
     app.state.sessions = SessionTable(journal)
     app.state.tenant_keys = KeyTable()
     for key, tenant in config.tenant_keys.items():

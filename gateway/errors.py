@@ -134,5 +134,14 @@ class UpstreamAborted(UpstreamError):
     code = "engine_aborted"
 
 
+class StoreUnavailable(APIError):
+    """503: the trajectory store or session journal's database cannot be reached (nothing was
+    committed for this request; safe to retry once it is back)."""
+
+    status = 503
+    type = "store_unavailable"
+    code = "store_unavailable"
+
+
 class StartupError(GatewayError):
     """The gateway cannot start: the engine, tokenizer or template is missing or unusable."""

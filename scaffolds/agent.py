@@ -89,6 +89,7 @@ class RunResult:
     detail: str = ""
     output_tail: str = ""
     duration_s: float = 0.0
+    node: str | None = None  # the Ray node id that ran it (None when run in this process)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (for Ray and for reports)."""

@@ -2,25 +2,31 @@
 
 `RunSpec` is a picklable recipe for an `InstalledAgent` (scaffold name and options, sandbox
 spec, gateway address, run config) so each Ray worker builds its own. Both pools return
-`RunResult`s in task order and show a progress bar. This module owns fan-out and reporting;
-the per-task lifecycle is `agent.InstalledAgent`'s.
+`RunResult`s in task order and show a progress bar; on Ray a task lost with its worker or node
+is retried, then reported as an `infra_error` result, never dropped. This module owns fan-out
+and reporting; the per-task lifecycle is `agent.InstalledAgent`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm import tqdm
 
 from rlgw.sandboxes.factory import SandboxSpec
-from rlgw.scaffolds.agent import AgentConfig, InstalledAgent, RunResult
+from rlgw.scaffolds.agent import RESULT_OUTPUT_CHARS, AgentConfig, InstalledAgent, RunResult
 from rlgw.scaffolds.registry import build_scaffold
 from rlgw.scaffolds.tasks import Task
-from rlgw.scaffolds.termination import failure_classes
+from rlgw.scaffolds.termination import TerminationReason, failure_classes, status_for
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,72 +44,115 @@ class RunSpec:
 async def run_local(spec: RunSpec, tasks: Sequence[Task], *, concurrency: int, progress: bool = True,
                     group_index: int = 0) -> list[RunResult]:  # fmt: skip
     """Run every task with at most `concurrency` at a time in this event loop."""
-    from rlgw.gateway.trajectories.client import GatewayClient
-
-    if concurrency < 1:
-        raise ValueError("concurrency must be at least 1")
-    gateway = GatewayClient(spec.gateway_url, spec.gateway_key) if spec.gateway_url else None
-    try:
-        agent = InstalledAgent(build_scaffold(spec.scaffold, spec.scaffold_options), spec.sandbox.create,
-                               gateway, spec.config)  # fmt: skip
-        gate = asyncio.Semaphore(concurrency)
-        bar = tqdm(
-            total=len(tasks), desc=f"{spec.scaffold} {spec.config.mode}", unit="task", disable=not progress
-        )
-
-        async def one(task: Task) -> RunResult:
-            async with gate:
-                result = await agent.run(task, group_index=group_index)
-            bar.update(1)
-            bar.set_postfix_str(str(result.termination))
-            return result
-
-        try:
-            return list(await asyncio.gather(*(one(t) for t in tasks)))
-        finally:
-            bar.close()
-    finally:
-        if gateway is not None:
-            await gateway.aclose()
+    async with _agent(spec) as agent:
+        return await _fan_out(
+            tasks, concurrency, f"{spec.scaffold} {spec.config.mode}", progress,
+            lambda task: agent.run(task, group_index=group_index),
+        )  # fmt: skip
 
 
-def _run_one_remote(spec: RunSpec, task_doc: dict[str, Any], group_index: int) -> dict[str, Any]:
-    """Body of one Ray task: build the agent in the worker and run one task."""
-    results = asyncio.run(run_local(spec, [Task.from_dict(task_doc)], concurrency=1, progress=False,
-                                    group_index=group_index))  # fmt: skip
-    return results[0].to_dict()
+# Each Ray task reserves half a CPU: an agent run mostly waits on the model, and its sandbox's
+# commands are what use the node.
+RAY_TASK_CPUS = 0.5
 
 
-def run_ray(spec: RunSpec, tasks: Sequence[Task], *, address: str, concurrency: int, progress: bool = True,
-            group_index: int = 0) -> list[RunResult]:  # fmt: skip
-    """Fan the tasks out as Ray tasks (at most `concurrency` in flight) on the cluster at `address`.
+async def run_ray(
+    spec: RunSpec,
+    tasks: Sequence[Task],
+    *,
+    address: str,
+    concurrency: int,
+    progress: bool = True,
+    group_index: int = 0,
+    retries: int = 1,
+) -> list[RunResult]:
+    """Fan the tasks out as Ray tasks (at most `concurrency` in flight), spread over the cluster's nodes.
 
-    `address` is a Ray address (`ray://host:10001`, `auto`) or `local` to start a local Ray.
+    `address` is a Ray address (`ray://host:10001`, `host:6379`, `auto`) or `local` to start a local Ray;
+    every node needs rlgw installed. A task whose worker process or node dies is run again up to
+    `retries` times (same rollout id; the dead attempt's session is never finished, so it stores
+    nothing and the gateway drops it when idle); past that, or if the task itself raised, its result
+    is an `infra_error` with `failed_stage` "ray" and Ray's error, in its place like any other.
     """
-    import ray
+    try:
+        import ray
+    except ModuleNotFoundError as e:
+        raise ValueError("running on Ray needs the `ray` package: pip install 'rlgw[ray]'") from e
 
+    async with _agent(spec):  # a bad scaffold, option or mode fails here, once, as it does locally
+        pass
     if not ray.is_initialized():
         if address == "local":
             ray.init(include_dashboard=False, log_to_driver=False)
         else:
             ray.init(address=address, log_to_driver=False)
-    remote = ray.remote(num_cpus=0.5)(_run_one_remote)
-    pending: dict[Any, int] = {}
-    results: list[RunResult | None] = [None] * len(tasks)
-    queue = list(enumerate(tasks))
-    with tqdm(total=len(tasks), desc=f"{spec.scaffold} {spec.config.mode} (ray)", unit="task",
-              disable=not progress) as bar:  # fmt: skip
-        while queue or pending:
-            while queue and len(pending) < concurrency:
-                i, task = queue.pop(0)
-                pending[remote.remote(spec, task.to_dict(), group_index)] = i
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                result = RunResult.from_dict(ray.get(ref))
-                results[pending.pop(ref)] = result
-                bar.update(1)
-                bar.set_postfix_str(str(result.termination))
-    return [r for r in results if r is not None]
+    remote = ray.remote(num_cpus=RAY_TASK_CPUS, max_retries=retries, scheduling_strategy="SPREAD")(
+        _run_one_remote
+    )
+
+    async def one(task: Task) -> RunResult:
+        rollout_id = uuid.uuid4().hex
+        try:
+            return RunResult.from_dict(await remote.remote(spec, task.to_dict(), group_index, rollout_id))
+        except ray.exceptions.RayError as e:  # the worker or node died past its retries, or the task raised
+            log.warning("ray task lost", extra={"fields": {"task": task.id, "error": str(e)[:2000]}})
+            termination = TerminationReason.INFRA_ERROR
+            return RunResult(
+                task_id=task.id, mode=spec.config.mode, rollout_id=rollout_id, termination=termination,
+                status=str(status_for(termination)), failed_stage="ray",
+                error=f"{type(e).__name__}: {e}"[:RESULT_OUTPUT_CHARS],
+            )  # fmt: skip
+
+    return await _fan_out(tasks, concurrency, f"{spec.scaffold} {spec.config.mode} (ray)", progress, one)
+
+
+def _run_one_remote(spec: RunSpec, task_doc: dict[str, Any], group_index: int,
+                    rollout_id: str) -> dict[str, Any]:  # fmt: skip
+    """Body of one Ray task: build the agent in the worker, run one task, say which node ran it."""
+    import ray
+
+    async def go() -> RunResult:
+        async with _agent(spec) as agent:
+            return await agent.run(Task.from_dict(task_doc), rollout_id=rollout_id, group_index=group_index)
+
+    result = asyncio.run(go())
+    result.node = ray.get_runtime_context().get_node_id()
+    return result.to_dict()
+
+
+@contextlib.asynccontextmanager
+async def _agent(spec: RunSpec) -> AsyncIterator[InstalledAgent]:
+    """The agent `spec` describes, with its gateway client open for the block."""
+    from rlgw.gateway.trajectories.client import GatewayClient
+
+    gateway = GatewayClient(spec.gateway_url, spec.gateway_key) if spec.gateway_url else None
+    try:
+        yield InstalledAgent(build_scaffold(spec.scaffold, spec.scaffold_options), spec.sandbox.create,
+                             gateway, spec.config)  # fmt: skip
+    finally:
+        if gateway is not None:
+            await gateway.aclose()
+
+
+async def _fan_out(tasks: Sequence[Task], concurrency: int, desc: str, progress: bool,
+                   run: Callable[[Task], Awaitable[RunResult]]) -> list[RunResult]:  # fmt: skip
+    """`run` every task, at most `concurrency` at once, with a progress bar; results in task order."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    gate = asyncio.Semaphore(concurrency)
+    bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress)
+
+    async def one(task: Task) -> RunResult:
+        async with gate:
+            result = await run(task)
+        bar.update(1)
+        bar.set_postfix_str(str(result.termination))
+        return result
+
+    try:
+        return list(await asyncio.gather(*(one(t) for t in tasks)))
+    finally:
+        bar.close()
 
 
 def summarize(results: Sequence[RunResult]) -> dict[str, Any]:

@@ -8,6 +8,9 @@ import pytest
 
 from tests.support.procs import FIXTURES
 
+# The throwaway PostgreSQL cluster's fixtures (`pg_cluster`, `pg_url`).
+pytest_plugins = ["tests.support.postgres"]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip `gpu`-marked tests where no CUDA device exists."""

@@ -23,3 +23,7 @@ class Trainer(Protocol):
     def export_weights(self) -> Iterator[tuple[str, Tensor]]:
         """The current weights as (HF parameter name, CPU tensor), in the checkpoint's dtype."""
         ...
+
+    def close(self) -> None:
+        """End of the run: release what the trainer holds beyond this process (other ranks)."""
+        ...

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlgw.trainer.consumer import AcceptancePolicy, Action
 from rlgw.trainer.rollouts import ChatRollouts, RolloutSource, ScaffoldRollouts, WordTask
@@ -58,6 +58,7 @@ class ScaffoldRolloutsSpec(_Strict):
     concurrency: int = Field(4, ge=1)
     scaffold_options: dict[str, Any] = Field(default_factory=dict)
     sampling: dict[str, Any] | None = None
+    ray: str | None = None  # a Ray address: the runs become Ray tasks on that cluster (as `rlgw run --ray`)
 
 
 class LossSpec(_Strict):
@@ -93,6 +94,25 @@ class SyncSpec(_Strict):
     engine_kind: Literal["rlgw", "vllm"] = "rlgw"
     full_every: int = Field(1000, ge=1)
     durable: bool = True
+
+
+class ParallelSpec(_Strict):
+    """How the Megatron trainer is split: tensor- and pipeline-parallel sizes, data-parallel replicas.
+
+    Launch tp * pp * dp processes (`rlgw train --nproc-per-node N` or `torchrun --nproc-per-node N
+    -m rlgw.bin.main train ...`); rank 0 runs the loop. `vocab_divisible_by` pads the vocabulary as
+    Megatron-LM's `--make-vocab-size-divisible-by` does (times tp).
+    """
+
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    vocab_divisible_by: int = Field(128, ge=1)
+
+    @property
+    def world(self) -> int:
+        """Processes the split needs."""
+        return self.tp * self.pp * self.dp
 
 
 class TeacherSpec(_Strict):
@@ -142,6 +162,13 @@ class TrainConfig(_Strict):
     sync: SyncSpec = Field(default_factory=SyncSpec)
     teacher: TeacherSpec | None = None
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)  # the Megatron trainer's split
+
+    @model_validator(mode="after")
+    def _split_needs_megatron(self) -> TrainConfig:
+        if self.parallel.world > 1 and self.trainer != "megatron":
+            raise ValueError(f"parallel {self.parallel.model_dump()} needs trainer: megatron")
+        return self
 
     @classmethod
     def from_file(cls, path: Path) -> TrainConfig:
@@ -187,5 +214,5 @@ class TrainConfig(_Strict):
             return ToolRollouts(r.groups, r.group_size, r.temperature, r.concurrency, self.seed)
         return ScaffoldRollouts(
             r.scaffold, r.tasks_file, r.groups, r.group_size, r.max_turns, r.concurrency, self.seed,
-            r.scaffold_options, r.sampling,
+            r.scaffold_options, r.sampling, r.ray,
         )  # fmt: skip

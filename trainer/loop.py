@@ -47,9 +47,11 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if cfg.trainer == "megatron":
         from rlgw.trainer.megatron_trainer import MegatronTrainer
 
+        par = cfg.parallel
         return MegatronTrainer(
-            Path(cfg.model), cfg.loss_config(), cfg.optim_config(), device=cfg.device, seed=cfg.seed
-        )
+            Path(cfg.model), cfg.loss_config(), cfg.optim_config(), device=cfg.device, seed=cfg.seed,
+            tp=par.tp, pp=par.pp, dp=par.dp, vocab_divisible_by=par.vocab_divisible_by,
+        )  # fmt: skip
     from rlgw.trainer.torch_trainer import TorchTrainer
 
     return TorchTrainer(
@@ -174,6 +176,7 @@ class Loop:
             return await self._run(trainer)
         finally:
             trackers.close()
+            trainer.close()
 
     async def _run(self, trainer: Trainer) -> list[dict[str, Any]]:
         cfg = self.cfg

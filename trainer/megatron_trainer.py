@@ -1,97 +1,45 @@
-"""The Megatron-core trainer: a `GPTModel` built from a Hugging Face config, HF weights converted in and out.
+"""The Megatron-core trainer: a `GPTModel` built from a Hugging Face config, split over TP x PP x DP ranks.
 
 Supports the Llama/Qwen family (RMSNorm, SwiGLU, RoPE, grouped-query attention, Qwen3's per-head
-q/k norms, tied or untied embeddings). Tensor- and pipeline-parallel sizes go to
-`parallel_state.initialize_model_parallel` and the `TransformerConfig` as given; the HF weight
-conversion here is for unsharded weights (tp = pp = 1), and larger sizes are refused until sharded
-conversion exists. Under `torchrun` it joins the process group torchrun describes, alone it forms
-a one-process gloo group; data-parallel gradient reduction across ranks is not written yet.
-
-On CPU megatron-core needs shims (see FACTS.md): a no-op RNG-tracker fork, its global memory
-buffer allocating on the CPU instead of `torch.cuda.current_device()`, and (0.16) RoPE's
-`get_emb`, which moves its frequencies to `torch.cuda.current_device()`. `cpu_shims()` applies
-them; on a GPU none is applied. The objective is `rlgw.trainer.objective`'s.
+q/k norms, tied or untied embeddings). Each rank builds its piece of the model (its pipeline
+stage, its tensor-parallel slice), loads its shard of the HF weights (`megatron_convert`), and
+wraps it in megatron-core's `DistributedDataParallel`; a step runs megatron-core's
+forward-backward schedule (1F1B across stages when pp > 1) over the rank's data-parallel share,
+`finalize_model_grads` reduces the gradients (summed over replicas: every share's loss is already
+weighted by the whole step's denominators), the gradient norm is taken over the whole model, and
+each rank's AdamW steps its own parameters. Rank 0 drives (`megatron_ranks`): its `train_step`,
+`export_weights` and `hf_gradients` bring the other ranks along, which wait in `follow()`.
+On CPU megatron-core needs the shims of `megatron_cpu`. The objective is `rlgw.trainer.objective`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 from torch import Tensor
 
+from rlgw.trainer import megatron_ranks as ranks
 from rlgw.trainer.batch import MicroBatch, StepBatch
+from rlgw.trainer.megatron_convert import (
+    SUPPORTED,
+    Split,
+    check_split,
+    hf_to_megatron,
+    megatron_to_hf,
+    padded_vocab,
+    shard,
+    unshard,
+)
+from rlgw.trainer.megatron_cpu import cpu_shims, cuda_is_cpu
 from rlgw.trainer.objective import LossConfig, engine_logits, merge_metrics, micro_batch_loss, token_log_probs
-from rlgw.trainer.torch_trainer import OptimConfig, checkpoint_tensor_names, optimizer_step, sampled_vocab
-
-SUPPORTED = {"qwen3", "qwen2", "llama", "mistral"}
-
-
-def cpu_shims() -> None:
-    """Let megatron-core run forward and backward on a CPU (idempotent)."""
-    from megatron.core import utils
-    from megatron.core.tensor_parallel.random import initialize_rng_tracker
-
-    initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-    if getattr(utils.GlobalMemoryBuffer.get_tensor, "_rlgw_cpu", False):
-        return
-
-    def get_tensor(
-        self: Any, tensor_shape: Any, dtype: torch.dtype, name: str, mem_alloc_context: Any = None
-    ) -> Tensor:
-        n = 1
-        for d in tensor_shape:
-            n *= d
-        key = (name, dtype)
-        if key not in self.buffer or self.buffer[key].numel() < n:
-            self.buffer[key] = torch.empty(n, dtype=dtype, device="cpu", requires_grad=False)
-        return self.buffer[key][:n].view(*tensor_shape)
-
-    get_tensor._rlgw_cpu = True  # type: ignore[attr-defined]
-    utils.GlobalMemoryBuffer.get_tensor = get_tensor
-
-    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-
-    original = RotaryEmbedding.get_emb
-
-    def get_emb(self: Any, *args: Any, **kwargs: Any) -> Tensor:
-        # get_emb moves inv_freq to torch.cuda.current_device() when it is on the CPU; here the
-        # CPU is the device, so for this call "the current CUDA device" is the CPU.
-        current = torch.cuda.current_device
-        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            torch.cuda.current_device = current
-
-    RotaryEmbedding.get_emb = get_emb
-
-
-def init_parallel(tp: int = 1, pp: int = 1, backend: str | None = None) -> None:
-    """Join (or create) the process group and Megatron's model-parallel groups."""
-    from megatron.core import parallel_state
-
-    if not dist.is_initialized():
-        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        if "RANK" in os.environ:  # under torchrun: the group it describes
-            dist.init_process_group(backend)
-        else:  # run alone: a one-process group, without touching the environment
-            import socket
-
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
-        )
+from rlgw.trainer.torch_trainer import OptimConfig, checkpoint_tensor_names, sampled_vocab, to_device
 
 
 def transformer_config(hf: dict[str, Any], *, tp: int = 1, pp: int = 1, cpu: bool = True) -> Any:
@@ -126,6 +74,13 @@ def transformer_config(hf: dict[str, Any], *, tp: int = 1, pp: int = 1, cpu: boo
         params_dtype=torch.float32,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.float32,  # what travels between stages
+        # micro-batches differ in rows and length: the pipeline sends each one's shape first
+        variable_seq_lengths=True,
+        moe_token_dispatcher_type="alltoall",  # (no experts) the config refuses the default with the above
+        # the objective's micro-batch losses are already the step's shares: the schedule must not
+        # divide them by the micro-batch count, nor DDP the gradients by the replica count
+        calculate_per_token_loss=True,
     )
 
 
@@ -134,85 +89,23 @@ def _rope_theta(hf: dict[str, Any]) -> float:
     return float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0)
 
 
-def hf_to_megatron(hf: dict[str, Any], state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """HF Llama/Qwen weights as an unsharded Megatron `GPTModel` state dict (local layer spec)."""
-    heads, groups = hf["num_attention_heads"], hf.get("num_key_value_heads", hf["num_attention_heads"])
-    d = hf.get("head_dim") or hf["hidden_size"] // heads
-    per = heads // groups
-    out = {"embedding.word_embeddings.weight": state["model.embed_tokens.weight"],
-           "decoder.final_layernorm.weight": state["model.norm.weight"]}  # fmt: skip
-    if not hf.get("tie_word_embeddings", False):
-        out["output_layer.weight"] = state["lm_head.weight"]
-    for i in range(hf["num_hidden_layers"]):
-        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-        q = state[h + "self_attn.q_proj.weight"].view(groups, per * d, -1)
-        k = state[h + "self_attn.k_proj.weight"].view(groups, d, -1)
-        v = state[h + "self_attn.v_proj.weight"].view(groups, d, -1)
-        # Megatron keeps q, k and v of each query group together: [g0: q.. k v, g1: q.. k v, ...]
-        out[m + "self_attention.linear_qkv.weight"] = torch.cat([q, k, v], 1).reshape(-1, q.shape[-1])
-        if h + "self_attn.q_proj.bias" in state:
-            qb = state[h + "self_attn.q_proj.bias"].view(groups, per * d)
-            kb = state[h + "self_attn.k_proj.bias"].view(groups, d)
-            vb = state[h + "self_attn.v_proj.bias"].view(groups, d)
-            out[m + "self_attention.linear_qkv.bias"] = torch.cat([qb, kb, vb], 1).reshape(-1)
-        out[m + "input_layernorm.weight"] = state[h + "input_layernorm.weight"]
-        out[m + "self_attention.linear_proj.weight"] = state[h + "self_attn.o_proj.weight"]
-        if h + "self_attn.q_norm.weight" in state:
-            out[m + "self_attention.q_layernorm.weight"] = state[h + "self_attn.q_norm.weight"]
-            out[m + "self_attention.k_layernorm.weight"] = state[h + "self_attn.k_norm.weight"]
-        out[m + "pre_mlp_layernorm.weight"] = state[h + "post_attention_layernorm.weight"]
-        out[m + "mlp.linear_fc1.weight"] = torch.cat(
-            [state[h + "mlp.gate_proj.weight"], state[h + "mlp.up_proj.weight"]], 0
-        )
-        out[m + "mlp.linear_fc2.weight"] = state[h + "mlp.down_proj.weight"]
-    return out
-
-
-def megatron_to_hf(hf: dict[str, Any], state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The inverse of `hf_to_megatron` (HF names and shapes, for weight sync)."""
-    heads, groups = hf["num_attention_heads"], hf.get("num_key_value_heads", hf["num_attention_heads"])
-    d = hf.get("head_dim") or hf["hidden_size"] // heads
-    per = heads // groups
-    out = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
-           "model.norm.weight": state["decoder.final_layernorm.weight"]}  # fmt: skip
-    if "output_layer.weight" in state and not hf.get("tie_word_embeddings", False):
-        out["lm_head.weight"] = state["output_layer.weight"]
-    for i in range(hf["num_hidden_layers"]):
-        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-        qkv = state[m + "self_attention.linear_qkv.weight"].view(groups, (per + 2) * d, -1)
-        out[h + "self_attn.q_proj.weight"] = qkv[:, : per * d].reshape(-1, qkv.shape[-1])
-        out[h + "self_attn.k_proj.weight"] = qkv[:, per * d : (per + 1) * d].reshape(-1, qkv.shape[-1])
-        out[h + "self_attn.v_proj.weight"] = qkv[:, (per + 1) * d :].reshape(-1, qkv.shape[-1])
-        if m + "self_attention.linear_qkv.bias" in state:
-            b = state[m + "self_attention.linear_qkv.bias"].view(groups, (per + 2) * d)
-            out[h + "self_attn.q_proj.bias"] = b[:, : per * d].reshape(-1)
-            out[h + "self_attn.k_proj.bias"] = b[:, per * d : (per + 1) * d].reshape(-1)
-            out[h + "self_attn.v_proj.bias"] = b[:, (per + 1) * d :].reshape(-1)
-        out[h + "input_layernorm.weight"] = state[m + "input_layernorm.weight"]
-        out[h + "self_attn.o_proj.weight"] = state[m + "self_attention.linear_proj.weight"]
-        if m + "self_attention.q_layernorm.weight" in state:
-            out[h + "self_attn.q_norm.weight"] = state[m + "self_attention.q_layernorm.weight"]
-            out[h + "self_attn.k_norm.weight"] = state[m + "self_attention.k_layernorm.weight"]
-        out[h + "post_attention_layernorm.weight"] = state[m + "pre_mlp_layernorm.weight"]
-        gate, up = state[m + "mlp.linear_fc1.weight"].chunk(2, 0)
-        out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate, up
-        out[h + "mlp.down_proj.weight"] = state[m + "mlp.linear_fc2.weight"]
-    return out
-
-
-def build_gpt_model(hf: dict[str, Any], *, tp: int = 1, pp: int = 1, device: str = "cpu") -> torch.nn.Module:
-    """An (unloaded) Megatron `GPTModel` with the HF config's architecture."""
+def build_gpt_model(
+    hf: dict[str, Any], split: Split, vocab_rows: int, *, device: str = "cpu"
+) -> torch.nn.Module:
+    """This rank's (unloaded) piece of a Megatron `GPTModel` with the HF config's architecture."""
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    cpu = device == "cpu"
-    config = transformer_config(hf, tp=tp, pp=pp, cpu=cpu)
+    config = transformer_config(hf, tp=split.tp, pp=split.pp, cpu=device == "cpu")
     spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
-        vocab_size=hf["vocab_size"],
+        vocab_size=vocab_rows,
         max_sequence_length=hf.get("max_position_embeddings", 4096),
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=bool(hf.get("tie_word_embeddings", False)),
         position_embedding_type="rope",
         rotary_base=int(_rope_theta(hf)),
@@ -221,86 +114,228 @@ def build_gpt_model(hf: dict[str, Any], *, tp: int = 1, pp: int = 1, device: str
 
 
 class MegatronTrainer:
-    """`Trainer` over megatron-core's `GPTModel`, initialized from a HF checkpoint directory."""
+    """`Trainer` over megatron-core's `GPTModel`, initialized from a HF checkpoint directory.
+
+    `tp` and `pp` cut the model; the data-parallel size is what the launched world leaves (`dp`,
+    when given, is checked against it). `vocab_divisible_by` pads the vocabulary as Megatron-LM's
+    `--make-vocab-size-divisible-by` does (times tp); the padded ids are never sampled, and the
+    objective drops their logits as the engine does.
+    """
 
     def __init__(self, model_dir: Path, loss: LossConfig, optim: OptimConfig, *, device: str = "cpu",
-                 seed: int = 0, tp: int = 1, pp: int = 1) -> None:  # fmt: skip
-        if tp != 1 or pp != 1:
-            raise NotImplementedError(
-                "HF weight conversion for sharded (tp > 1 or pp > 1) models is not written yet"
-            )
+                 seed: int = 0, tp: int = 1, pp: int = 1, dp: int | None = None,
+                 vocab_divisible_by: int = 128) -> None:  # fmt: skip
         if loss.kl_coef and loss.kl_source == "reference":
             raise NotImplementedError("the Megatron trainer takes KL to a teacher (kl_source='teacher') only")
         torch.manual_seed(seed)
         self.model_dir, self.loss_cfg, self.optim_cfg = Path(model_dir), loss, optim
+        self.hf = json.loads((self.model_dir / "config.json").read_text())
+        self.split = Split(tp, pp)
+        check_split(self.hf, self.split)
         self.device = torch.device(device)
+        self._on_device: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
         if self.device.type == "cpu":
             cpu_shims()
-        init_parallel(tp, pp)
-        self.hf = json.loads((self.model_dir / "config.json").read_text())
+            self._on_device = cuda_is_cpu
+        self.layout = ranks.init_parallel(tp, pp, dp)
         self.sampled_vocab = sampled_vocab(self.model_dir, self.hf["vocab_size"])
-        self.model = build_gpt_model(self.hf, tp=tp, pp=pp, device=device)
+        self.vocab_rows = padded_vocab(self.hf["vocab_size"], tp, vocab_divisible_by)
+        self.model = self._build(device)
         state: dict[str, Tensor] = {}
         for f in sorted(self.model_dir.glob("*.safetensors")):
             state.update(load_file(str(f)))
         self.load_hf_state(state)
         self._export_dtypes = checkpoint_tensor_names(self.model_dir)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=optim.lr,
-            betas=optim.betas,
-            eps=optim.eps,
-            weight_decay=optim.weight_decay,
+            self.params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
         )
 
+    def _build(self, device: str) -> torch.nn.Module:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+        with self._on_device():
+            model = build_gpt_model(self.hf, self.split, self.vocab_rows, device=device)
+            ddp = DistributedDataParallel(
+                config=model.config,
+                ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False),
+                module=model,
+            )
+        # called by the schedule after the last backward: DP all-reduce (a sum, see transformer_config)
+        # and the tied embedding's gradient summed over the first and last stage; no token scaling
+        model.config.finalize_model_grads_func = lambda models, *_, **__: finalize_model_grads(models)
+        model.config.no_sync_func = ddp.no_sync
+        return ddp
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """This rank's `GPTModel` piece (inside DDP)."""
+        return self.model.module
+
     def load_hf_state(self, state: dict[str, Tensor]) -> None:
-        """Load HF-named weights (converted; every Megatron parameter must be covered)."""
-        converted = {k: v.to(torch.float32) for k, v in hf_to_megatron(self.hf, state).items()}
-        missing, unexpected = self.model.load_state_dict(converted, strict=False)
+        """Load HF-named weights: this rank's shard of them (every local parameter must be covered)."""
+        full = hf_to_megatron(self.hf, state)
+        local = shard(self.hf, full, self.split, self.layout.tp_rank, self.layout.pp_rank, self.vocab_rows)
+        converted = {k: v.to(torch.float32) for k, v in local.items()}
+        missing, unexpected = self.module.load_state_dict(converted, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing or unexpected:
             raise ValueError(f"HF -> Megatron conversion: missing {missing}, unexpected {unexpected}")
 
-    def logits(self, mb: MicroBatch) -> Tensor:
-        """[rows, tokens, vocab] logits of the micro-batch as the engine saw them (`engine_logits`).
+    # -- what every rank runs --------------------------------------------------------------------
 
-        Causal attention; right padding is inert.
-        """
-        ids = mb.input_ids.to(self.device)
-        n = ids.shape[1]
-        pos = torch.arange(n, device=self.device)[None].expand_as(ids)
-        # Megatron's convention: True = masked out. Given explicitly (its default mask is built on "cuda").
-        causal = torch.triu(torch.ones(n, n, dtype=torch.bool, device=self.device), diagonal=1)[None, None]
-        return engine_logits(self.model(ids, pos, causal), mb.temperature, self.sampled_vocab)
+    def _schedule(
+        self, mbs: list[MicroBatch], loss_func: Callable[..., Any], *, forward_only: bool
+    ) -> list[Any]:
+        """megatron-core's forward-backward over `mbs`; on the last stage, what `loss_func` gave per batch."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(
+            data: Iterator[tuple[int, MicroBatch]], model: torch.nn.Module
+        ) -> tuple[Tensor, Any]:
+            k, mb = next(data)
+            ids = mb.input_ids.to(self.device)
+            n = ids.shape[1]
+            pos = torch.arange(n, device=self.device)[None].expand_as(ids)
+            # Megatron's convention: True = masked out. Given explicitly (its default is built on "cuda").
+            ones = torch.ones(n, n, dtype=torch.bool, device=self.device)
+            causal = torch.triu(ones, diagonal=1)[None, None]
+            return model(ids, pos, causal), functools.partial(loss_func, k, mb)
+
+        run = get_forward_backward_func()
+        grad = contextlib.nullcontext() if not forward_only else torch.no_grad()
+        with self._on_device(), grad:
+            return run(
+                forward_step_func=forward_step,
+                data_iterator=iter(enumerate(mbs)),
+                model=[self.model],
+                num_microbatches=len(mbs),
+                seq_length=max(mb.input_ids.shape[1] for mb in mbs),
+                micro_batch_size=max(mb.rows for mb in mbs),
+                forward_only=forward_only,
+            )
+
+    def _old_log_probs(self, mbs: list[MicroBatch]) -> list[Tensor] | None:
+        if self.loss_cfg.old_log_probs != "recompute":
+            return None
+
+        def logprobs(k: int, mb: MicroBatch, output: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+            logits = engine_logits(output, mb.temperature.to(self.device), self.sampled_vocab)
+            old = token_log_probs(logits, mb.input_ids.to(self.device)).detach()
+            return output.new_zeros(()), torch.ones((), dtype=torch.int), {"old": old}
+
+        return [d["old"] for d in self._schedule(mbs, logprobs, forward_only=True)]
+
+    def _backward_local(self, share: StepBatch) -> dict[str, float]:
+        """Gradients of this rank's share, reduced over the model and the replicas; the step's metrics."""
+        self.model.zero_grad_buffer()
+        tokens = share.rollout_tokens.to(self.device)
+        old = self._old_log_probs(share.micro_batches)
+
+        def loss(k: int, mb: MicroBatch, output: Tensor) -> tuple[Tensor, Tensor, dict[str, float]]:
+            logits = engine_logits(output, mb.temperature.to(self.device), self.sampled_vocab)
+            mb = to_device(mb, self.device)
+            value, metrics = micro_batch_loss(
+                logits, mb, tokens, self.loss_cfg, old_log_probs=None if old is None else old[k]
+            )
+            return value, torch.ones((), dtype=torch.int), metrics
+
+        parts = self._schedule(share.micro_batches, loss, forward_only=False)
+        # every tensor-parallel rank of the last stage computed the same loss: count one of them
+        mine = merge_metrics(parts) if self.layout.last_stage and self.layout.tp_rank == 0 else {}
+        metrics = merge_metrics([m for m in ranks.all_gather(self.layout, mine) if m])
+        metrics["trainable_tokens"] = float(share.rollout_tokens.sum())
+        return metrics
+
+    def _grad_norm(self) -> Tensor:
+        """The L2 norm of the whole model's gradient: each tensor-parallel slice once, replicas once."""
+        from megatron.core import parallel_state
+
+        tied_copy = None
+        if self.split.pp > 1 and self.layout.last_stage and self.hf.get("tie_word_embeddings", False):
+            tied_copy = self.module.output_layer.weight  # the first stage counts the embedding
+        counted = [
+            p for p in self.params
+            if p is not tied_copy and (self.layout.tp_rank == 0 or getattr(p, "tensor_model_parallel", False))
+        ]  # fmt: skip
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in counted:
+            sq += p.main_grad.double().pow(2).sum()
+        if self.layout.world > 1:
+            torch.distributed.all_reduce(sq, group=parallel_state.get_model_parallel_group())
+        return sq.sqrt().float()
+
+    def _step_local(self, share: StepBatch) -> dict[str, float]:
+        """Gradients, clip by the whole model's norm (as `clip_grad_norm_`), one AdamW step."""
+        metrics = self._backward_local(share)
+        norm = self._grad_norm()
+        coef = ((self.optim_cfg.grad_clip or float("inf")) / (norm + 1e-6)).clamp(max=1.0)
+        for p in self.params:
+            p.grad = p.main_grad.mul_(coef)
+        self.optimizer.step()
+        for p in self.params:  # DDP's hooks add each backward's .grad into main_grad: start from None
+            p.grad = None
+        metrics["grad_norm"] = float(norm)
+        return metrics
+
+    def _local_pieces(
+        self, source: Callable[[], dict[str, Tensor]]
+    ) -> dict[tuple[int, int], dict[str, Tensor]] | None:
+        # gather_to_driver copies: what is published must not change when the next step updates it
+        local = {k: v for k, v in source().items() if not k.endswith("_extra_state")}
+        return ranks.gather_to_driver(self.layout, local)
+
+    def _weights(self) -> dict[tuple[int, int], dict[str, Tensor]] | None:
+        return self._local_pieces(self.module.state_dict)
+
+    def _grads(self) -> dict[tuple[int, int], dict[str, Tensor]] | None:
+        return self._local_pieces(lambda: {k: p.main_grad for k, p in self.module.named_parameters()})
+
+    _COMMANDS: ClassVar[dict[str, str]] = {
+        "backward": "_backward_local",
+        "step": "_step_local",
+        "weights": "_weights",
+        "grads": "_grads",
+    }
+
+    def _collective(self, name: str, step: StepBatch | None = None) -> Any:
+        """Run command `name` on every rank (rank 0 announces it and scatters `step` when it has one)."""
+        ranks.command(self.layout, name)
+        if name in ("backward", "step"):
+            return getattr(self, self._COMMANDS[name])(ranks.scatter_step(self.layout, step))
+        return getattr(self, self._COMMANDS[name])()
+
+    def follow(self) -> None:
+        """On ranks other than 0: do what rank 0 says, until it says stop (its `close`)."""
+        if self.layout.driver:
+            raise RuntimeError("rank 0 drives; follow() is for the other ranks")
+        while (name := ranks.command(self.layout)) != "stop":
+            if name in ("backward", "step"):
+                getattr(self, self._COMMANDS[name])(ranks.scatter_step(self.layout, None))
+            else:
+                getattr(self, self._COMMANDS[name])()
+
+    # -- rank 0's interface (the `Trainer` protocol) ---------------------------------------------
 
     def loss_and_backward(self, step: StepBatch) -> dict[str, float]:
-        """Accumulate the step's gradients over its micro-batches; returns the metrics."""
-        old = None
-        parts = []
-        tokens = step.rollout_tokens.to(self.device)
-        for mb in step.micro_batches:
-            if self.loss_cfg.old_log_probs == "recompute":
-                with torch.no_grad():
-                    old = token_log_probs(self.logits(mb), mb.input_ids.to(self.device))
-            loss, metrics = micro_batch_loss(self.logits(mb), mb, tokens, self.loss_cfg, old_log_probs=old)
-            loss.backward()
-            parts.append(metrics)
-        return merge_metrics(parts)
+        """Accumulate the step's gradients over its micro-batches (all ranks); returns the metrics."""
+        return self._collective("backward", step)
 
     def train_step(self, step: StepBatch) -> dict[str, float]:
-        """Zero grads, accumulate, clip, one AdamW step."""
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics = self.loss_and_backward(step)
-        return optimizer_step(self.model, self.optimizer, self.optim_cfg, metrics, step)
+        """One optimizer step over `step`, its micro-batches scattered over the data-parallel replicas."""
+        return self._collective("step", step)
 
     def hf_gradients(self) -> dict[str, Tensor]:
-        """The current gradients under HF names (for comparing with the PyTorch trainer)."""
-        grads = {k: p.grad for k, p in self.model.named_parameters() if p.grad is not None}
-        return megatron_to_hf(self.hf, grads)
+        """The current (reduced) gradients under HF names, gathered whole (for comparing with one rank)."""
+        return megatron_to_hf(self.hf, unshard(self.hf, self._collective("grads"), self.split))
 
     def export_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The weights under the HF checkpoint's names and dtypes."""
-        state = {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
-        hf = megatron_to_hf(self.hf, state)
-        for name, dtype in self._export_dtypes.items():
-            yield name, hf[name].detach().to("cpu", dtype).contiguous()
+        """The weights under the HF checkpoint's names and dtypes, gathered whole from every rank."""
+        hf = megatron_to_hf(self.hf, unshard(self.hf, self._collective("weights"), self.split))
+        return ((name, hf[name].to(dtype).contiguous()) for name, dtype in self._export_dtypes.items())
+
+    def close(self) -> None:
+        """Release the other ranks from `follow()` (rank 0, once, at the end of the run)."""
+        if self.layout.driver:
+            ranks.command(self.layout, "stop")

@@ -4,7 +4,8 @@ Two sources behind one small interface, each returning the cursors the gateway s
 - `ChatRollouts`: a one-turn agent in this process (the `openai` SDK against the session's base
   URL) on prompts with a verifiable answer; fast, for small models and tests.
 - `ScaffoldRollouts`: installed scaffolds (rlgw-mini, OpenHands, Terminus-2) on a tasks file,
-  through `rlgw run`'s pool (`rlgw.scaffolds.pool`), graded by each task's verifier.
+  through `rlgw run`'s pool (`rlgw.scaffolds.pool`: in this process, or as Ray tasks on a
+  cluster), graded by each task's verifier.
 Each prompt is attempted `group_size` times; attempts share a `group_index` (a GRPO group).
 This module owns fan-out and rewards of the chat tasks, not recording (the gateway's) or training.
 """
@@ -12,6 +13,7 @@ This module owns fan-out and rewards of the chat tasks, not recording (the gatew
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import re
 from collections.abc import Awaitable, Callable
@@ -176,6 +178,7 @@ class ScaffoldRollouts:
     seed: int = 0
     scaffold_options: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] | None = None
+    ray: str | None = None  # a Ray address: each run is a Ray task on that cluster (`rlgw.scaffolds.pool`)
 
     async def collect(self, gateway_url: str, gateway_key: str | None, iteration: int) -> CollectResult:
         """Run each picked task `group_size` times (one pool per group, groups side by side)."""
@@ -183,7 +186,7 @@ class ScaffoldRollouts:
         from pathlib import Path
 
         from rlgw.scaffolds.agent import AgentConfig
-        from rlgw.scaffolds.pool import RunSpec, run_local
+        from rlgw.scaffolds.pool import RunSpec, run_local, run_ray
         from rlgw.scaffolds.tasks import load_tasks
 
         tasks = load_tasks(Path(self.tasks_file))
@@ -202,9 +205,10 @@ class ScaffoldRollouts:
             ),
         )
         per_group = max(1, self.concurrency // max(1, self.groups))
+        pool = run_local if self.ray is None else functools.partial(run_ray, address=self.ray)
         runs = await asyncio.gather(
             *(
-                run_local(
+                pool(
                     spec,
                     [task] * self.group_size,
                     concurrency=per_group,

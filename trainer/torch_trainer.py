@@ -97,7 +97,7 @@ class TorchTrainer:
         parts = []
         tokens = step.rollout_tokens.to(self.device)
         for mb in step.micro_batches:
-            mb_dev = _to(mb, self.device)
+            mb_dev = to_device(mb, self.device)
             old, ref = self._aux_log_probs(mb_dev)
             loss, metrics = micro_batch_loss(
                 self.logits(mb_dev), mb_dev, tokens, self.loss_cfg, old_log_probs=old, ref_log_probs=ref
@@ -118,12 +118,16 @@ class TorchTrainer:
         for name, dtype in self._export_dtypes.items():
             yield name, state[name].detach().to("cpu", dtype)
 
+    def close(self) -> None:
+        """Nothing to release: one process."""
+
     def config_dict(self) -> dict:
         """The model's HF config, for receipts."""
         return json.loads(self.model.config.to_json_string())
 
 
-def _to(mb: MicroBatch, device: torch.device) -> MicroBatch:
+def to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
+    """`mb` with every tensor on `device` (itself on the CPU)."""
     if device.type == "cpu":
         return mb
     return MicroBatch(

@@ -13,8 +13,6 @@ measured is `metrics`'.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -29,17 +27,6 @@ from rlgw.gateway.tenancy.tenants import bearer_key
 router = APIRouter()
 
 CHECK_TIMEOUT_S = 2.0
-
-
-def _store_writable(path: Path) -> None:
-    # BEGIN IMMEDIATE takes SQLite's write lock: it fails if the file, its directory or its
-    # WAL cannot be written (or another writer holds the lock past the timeout). Nothing is written.
-    conn = sqlite3.connect(path, timeout=CHECK_TIMEOUT_S, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
-    finally:
-        conn.close()
 
 
 async def _check(name: str, work: Any) -> tuple[str, str | None]:
@@ -63,11 +50,11 @@ async def readyz(request: Request) -> Response:
     state = request.app.state
     checks_to_run = [
         _check("engine", state.backend.model_info()),
-        _check("store", asyncio.to_thread(_store_writable, state.store.path)),
+        _check("store", state.store.ready()),
     ]
     journal = state.sessions.journal
     if journal is not None:
-        checks_to_run.append(_check("journal", asyncio.to_thread(_store_writable, journal.path)))
+        checks_to_run.append(_check("journal", journal.ready()))
     results = await asyncio.gather(*checks_to_run)
     checks: dict[str, Any] = {name: ("ok" if err is None else err) for name, err in results}
     probe = state.probe

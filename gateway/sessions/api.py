@@ -1,4 +1,9 @@
-"""Session routes: open, inspect, finish (validate + store the samples: `finish.py`), delete."""
+"""Session routes: open, inspect, finish (validate + store the samples: `finish.py`), delete.
+
+Finish and delete answer a retry as they answered the first call, also when the session is gone
+from this gateway (its answer was lost: the gateway that stored it was killed, or the agent
+moved to another gateway): both commit their outcome to the store before they answer.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,11 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from rlgw.gateway.errors import InvalidRequest
+from rlgw.gateway.errors import InvalidRequest, NotFound
 from rlgw.gateway.http.errors import json_response
 from rlgw.gateway.ledger.ledger import Policy
 from rlgw.gateway.sample import SampleStatus
-from rlgw.gateway.sessions.finish import Outcome, abort_active, finish
+from rlgw.gateway.sessions.finish import Outcome, abort_active, crash_point, finish
 from rlgw.gateway.sessions.table import Mode, Session
 from rlgw.gateway.tenancy.limits import open_in
 from rlgw.gateway.tenancy.tenants import require_tenant
@@ -89,7 +94,15 @@ async def create_session(
         except BaseException:
             state.sessions.remove(session.id)  # not durable: not handed out
             raise
-    state.limits.session_opened(tenant, session.id)
+    if state.sessions.journal is not None and state.sessions.journal.shared:
+        # A fleet's balancer picks a session's gateway by the id this one just minted, so another
+        # gateway may serve it. Keep no copy here: a copy this gateway never sees the turns of goes
+        # stale, and it would serve from it if the session ever came here (its gateway dies and
+        # the hash ring picks this one). Whichever gateway serves it restores it from the journal.
+        # So the open-session cap, which counts what this gateway holds, does not apply here.
+        state.sessions.remove(session.id)
+    else:
+        state.limits.session_opened(tenant, session.id)
     base = state.public_url or str(request.base_url).rstrip("/")
     log.info(
         "session opened",
@@ -123,14 +136,24 @@ async def get_session(request: Request, session_id: str, tenant: str = Depends(r
 async def delete_session(
     request: Request, session_id: str, tenant: str = Depends(require_tenant)
 ) -> Response:
-    """Abort the session's in-flight generation and forget it; nothing is stored."""
-    sessions = request.app.state.sessions
-    session = sessions.get(session_id, tenant)
-    await abort_active(request.app.state.backend, session)
+    """Abort the session's in-flight generation and forget it; no samples are stored."""
+    state = request.app.state
+    sessions = state.sessions
+    answer = {"session_id": session_id, "deleted": True}
+    try:
+        session = sessions.get(session_id, tenant)
+    except NotFound:
+        if await state.store.outcome(tenant, session_id) is None:
+            raise
+        return json_response(200, answer)  # a retry: the session was finished or deleted before
+    await abort_active(state.backend, session)
+    if not session.finished and await state.store.outcome(tenant, session_id) is None:
+        await state.store.add_samples(tenant, session_id, session.task_id, [], outcome=lambda _: answer)
+        crash_point("delete-stored")
     sessions.remove(session_id)
     if sessions.journal is not None:
         await sessions.journal.closed(session_id)
-    return json_response(200, {"session_id": session_id, "deleted": True})
+    return json_response(200, answer)
 
 
 @router.post("/v1/sessions/{session_id}/finish")
@@ -139,8 +162,15 @@ async def finish_session(
 ) -> Response:
     """Validate the ledger, store the accepted samples, and answer a summary."""
     state = request.app.state
+    try:
+        session = state.sessions.get(session_id, tenant)
+    except NotFound:
+        stored = await state.store.outcome(tenant, session_id)
+        if stored is None or stored.get("deleted"):
+            raise
+        return json_response(200, stored)  # a retry whose first answer was lost
     summary = await finish(
-        state.sessions.get(session_id, tenant),
+        session,
         backend=state.backend,
         store=state.store,
         journal=state.sessions.journal,

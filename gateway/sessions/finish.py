@@ -2,10 +2,12 @@
 
 Every segment is built into a `Sample`, checked against the hand-off contract, and the accepted
 ones are committed to the store in one transaction before the answer leaves. Rejected segments
-are reported with their reason, never passed on. Finishing twice returns the first summary (a
-retry is safe). From the moment a finish starts no new turn starts, and a turn that is
-generating is aborted, so nothing is served after finish that is not recorded. This module
-knows nothing about HTTP: the route is `api.py`'s.
+are reported with their reason, never passed on. The summary is committed with the samples, so
+finishing twice returns the first summary (a retry is safe), also after the gateway that stored
+it was killed before answering, and also from another gateway on the same store. From the
+moment a finish starts no new turn starts, and a turn that is generating is aborted, so nothing
+is served after finish that is not recorded. This module knows nothing about HTTP: the route
+is `api.py`'s.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +25,9 @@ from rlgw.gateway import metrics
 from rlgw.gateway.engine_client.backend import ModelBackend
 from rlgw.gateway.ledger.ledger import Segment
 from rlgw.gateway.sample import RejectReason, SampleRejected, SampleStatus, validate_sample
-from rlgw.gateway.sessions.journal import SessionJournal
+from rlgw.gateway.sessions.journals import Journal
 from rlgw.gateway.sessions.table import Session
-from rlgw.gateway.trajectories.store import TrajectoryStore
+from rlgw.gateway.trajectories.backends import Store
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,17 @@ class Outcome:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+# Tests only: the process exits at the named point (`finish-stored`, `delete-stored`: right after the
+# commit, before the answer), as a gateway killed there would, to prove a retry gets the answer.
+KILL_AT_ENV = "RLGW_TEST_KILL_AT"
+
+
+def crash_point(name: str) -> None:
+    """Exit the process at once if the tests asked for a kill at `name`."""
+    if os.environ.get(KILL_AT_ENV) == name:
+        os._exit(137)
+
+
 async def abort_active(backend: ModelBackend, session: Session) -> None:
     """Abort the session's generations in flight (an engine that cannot is not waited for)."""
     for rid in list(session.active_rids):
@@ -50,8 +64,8 @@ async def finish(
     session: Session,
     *,
     backend: ModelBackend,
-    store: TrajectoryStore,
-    journal: SessionJournal | None,
+    store: Store,
+    journal: Journal | None,
     vocab_size: int,
     outcome: Outcome,
 ) -> dict[str, Any]:
@@ -67,6 +81,13 @@ async def finish(
             return session.summary
         if outcome.termination_reason:
             session.termination_reason = outcome.termination_reason
+        # Stored by a gateway killed before it answered (and before it closed the journal's row):
+        # the retry gets that answer, and nothing is stored twice.
+        if (stored := await store.outcome(session.tenant, session.id)) is not None:
+            session.finished, session.summary, session.ledger = True, stored, None
+            if journal is not None:
+                await journal.closed(session.id)
+            return stored
         try:
             # A non-SGLang engine says how to reproduce its logprobs (engine_client/vllm_backend.py).
             engine = getattr(backend, "semantics", None)
@@ -74,6 +95,7 @@ async def finish(
         except BaseException:
             session.finishing = False  # nothing was stored: the session is as it was
             raise
+        crash_point("finish-stored")
         session.finished = True
         session.summary = summary
         if journal is not None:
@@ -99,7 +121,7 @@ async def store_samples(
     session: Session,
     outcome: Outcome,
     *,
-    store: TrajectoryStore,
+    store: Store,
     vocab_size: int,
     engine: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -115,7 +137,10 @@ async def store_samples(
         "termination_reason": session.termination_reason,
     }
     ledger = session.ledger
-    if ledger is None:  # eval mode records nothing
+    if ledger is None:  # eval mode records no samples, only its answer
+        await asyncio.shield(
+            store.add_samples(session.tenant, session.id, session.task_id, [], outcome=lambda _: summary)
+        )
         return summary
     metadata = {
         **session.metadata,
@@ -173,16 +198,9 @@ async def store_samples(
         accepted.append((index, sample))
     for reject in summary["rejects"]:
         metrics.SAMPLE_REJECTS.labels(reject["reason"]).inc()
-    if accepted:
-        cursors = await asyncio.shield(
-            store.add_samples(
-                session.tenant,
-                session.id,
-                session.task_id,
-                [s for _, s in accepted],
-                segments=[i for i, _ in accepted],
-            )
-        )
+
+    def complete(cursors: list[int]) -> dict[str, Any]:
+        """The summary with the accepted samples' cursors (built inside the store's transaction)."""
         for cursor, (index, sample) in zip(cursors, accepted, strict=True):
             trainable = int(sample.loss_mask.sum())
             summary["samples"].append(
@@ -194,6 +212,18 @@ async def store_samples(
                 }
             )
             summary["trainable_tokens"] += trainable
+        return summary
+
+    await asyncio.shield(
+        store.add_samples(
+            session.tenant,
+            session.id,
+            session.task_id,
+            [s for _, s in accepted],
+            segments=[i for i, _ in accepted],
+            outcome=complete,
+        )
+    )
     return summary
 
 

@@ -52,6 +52,7 @@ from typing import Any
 import orjson
 
 from rlgw.gateway.metrics import JOURNAL_WRITE_SECONDS
+from rlgw.gateway.trajectories.store import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ def read_frames(data: bytes) -> tuple[list[bytes], int]:
 
 class SessionJournal:
     """Journal of open sessions and their committed turns (see the module docstring)."""
+
+    shared = False  # gateways sharing a data dir are not told so (see README, Deployment)
 
     def __init__(self, path: Path, *, sync: str = "normal") -> None:
         if sync not in ("normal", "full"):
@@ -319,6 +322,10 @@ class SessionJournal:
         for orphan in files - set(ids):
             self._remove_turns(orphan)
         return [s for s in (self.load(i) for i in ids) if s is not None]
+
+    async def ready(self) -> None:
+        """Raise unless the journal's database can be written now (for /readyz); writes nothing."""
+        await asyncio.to_thread(check_writable, self.path)
 
     def close(self) -> None:
         """Finish pending writes and close the database; later writes fail."""

@@ -16,13 +16,14 @@ an fsync (WAL lets them read while the writer commits).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import os
 import queue
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,7 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 CREATE INDEX IF NOT EXISTS samples_by_tenant ON samples (tenant, cursor);
 CREATE INDEX IF NOT EXISTS samples_by_session ON samples (session_id);
+CREATE TABLE IF NOT EXISTS outcomes (session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, doc BLOB NOT NULL);
 """
 
 _INSERT = (
@@ -81,8 +83,12 @@ _INSERT = (
     "reward, response_length, trainable_tokens, arrays, weight_versions, metadata) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-# One finish waiting for the writer thread: its rows, and where to put its cursors.
-_PendingFinish = tuple[list[tuple[Any, ...]], Future[list[int]]]
+# What a finish or delete answered, built from the finish's cursors inside its transaction: a retry
+# of a finish whose answer was lost (its gateway killed after the commit) gets it back from here.
+OutcomeFn = Callable[[list[int]], dict[str, Any]]
+# One finish for the writer thread: its rows and its outcome; waiting, with where to put its cursors.
+Finish = tuple[list[tuple[Any, ...]], "StoredOutcome | None"]
+PendingFinish = tuple[list[tuple[Any, ...]], "StoredOutcome | None", Future[list[int]]]
 _COLUMNS = (
     "cursor, tenant, session_id, task_id, segment, created_at, rollout_id, group_index, status, reward, \
 response_length, arrays, weight_versions, metadata"
@@ -91,6 +97,19 @@ response_length, arrays, weight_versions, metadata"
 
 # Arrays go straight from numpy to JSON (no Python lists); float32 prints in shortest exact form.
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+
+
+@dataclass(frozen=True, slots=True)
+class StoredOutcome:
+    """The answer to store beside a finish's samples: whose session, and how to build it from the cursors."""
+
+    tenant: str
+    session_id: str
+    build: OutcomeFn
+
+    def doc(self, cursors: list[int]) -> bytes:
+        """The answer as stored (JSON)."""
+        return orjson.dumps(self.build(cursors))
 
 
 class StoreError(RuntimeError):
@@ -209,7 +228,7 @@ def decode_arrays(blob: bytes) -> dict[str, np.ndarray]:
     return out
 
 
-def _row_values(
+def row_values(
     tenant: str, session_id: str, task_id: str, segment: int, created_at: float, sample: Sample
 ) -> tuple[Any, ...]:
     return (
@@ -230,7 +249,7 @@ def _row_values(
     )
 
 
-def _from_row(row: tuple[Any, ...]) -> StoredSample:
+def stored_from_row(row: tuple[Any, ...]) -> StoredSample:
     (
         cursor,
         tenant,
@@ -281,6 +300,20 @@ def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     return conn
 
 
+def check_writable(path: Path, timeout: float = 2.0) -> None:
+    """Raise unless the SQLite file at `path` can be written now; writes nothing.
+
+    BEGIN IMMEDIATE takes SQLite's write lock: it fails if the file, its directory or its WAL
+    cannot be written (or another writer holds the lock past the timeout).
+    """
+    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
 def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
     try:
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -291,7 +324,217 @@ def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
         raise StoreError(f"{path} has schema version {found}; this rlgw reads version {SCHEMA_VERSION}")
 
 
-class TrajectoryStore:
+class GroupCommitStore(abc.ABC):
+    """What both backends share: the group-committed write path and the async reads on the reader thread.
+
+    A subclass provides the connections' threads (`_write_pool`, `_read_pool`), the queue its
+    writer thread drains in `_commit_pending` (`_pending`), the per-tenant wake-up events, and the
+    `*_sync` reads.
+    """
+
+    _readonly: bool
+    _pending: queue.SimpleQueue[PendingFinish]
+    _write_pool: ThreadPoolExecutor
+    _read_pool: ThreadPoolExecutor
+    _events: dict[str, asyncio.Event]
+
+    @abc.abstractmethod
+    def _commit_batch(self, batch: list[Finish]) -> list[list[int] | BaseException]:
+        """Writer thread: commit these finishes in one transaction; per finish, its cursors or its error."""
+
+    def _commit_pending(self) -> None:
+        """Writer thread: commit every queued finish in one transaction (group commit)."""
+        pending: list[PendingFinish] = []
+        while not self._pending.empty():
+            pending.append(self._pending.get_nowait())
+        if not pending:
+            return  # an earlier call already committed this finish along with its own
+        try:
+            results = self._commit_batch([(rows, outcome) for rows, outcome, _ in pending])
+        except BaseException as exc:
+            results = [exc] * len(pending)
+        for (_, _, future), result in zip(pending, results, strict=True):
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    @abc.abstractmethod
+    def stored_sessions_sync(self, session_ids: list[str]) -> set[str]:
+        """See `TrajectoryStore`."""
+
+    async def add_samples(
+        self,
+        tenant: str,
+        session_id: str,
+        task_id: str,
+        samples: list[Sample],
+        *,
+        segments: list[int] | None = None,
+        outcome: OutcomeFn | None = None,
+    ) -> list[int]:
+        """Store the segments of one finished session all or nothing.
+
+        `segments[i]` is the ledger segment index of `samples[i]` (default: 0, 1, 2, ...);
+        pass it when some segments were rejected, so the stored index matches the ledger's.
+        `outcome(cursors)`, if given, is the finish's answer, stored in the same transaction (also
+        when there are no samples) and returned by `outcome` from then on; a session has one.
+        Returns the cursors, in order, once the transaction is durable on disk.
+        """
+        if self._readonly:
+            raise StoreError("this store was opened read-only")
+        if not samples and outcome is None:
+            return []
+        if segments is None:
+            segments = list(range(len(samples)))
+        elif len(segments) != len(samples):
+            raise ValueError(f"{len(segments)} segment indices for {len(samples)} samples")
+        now = time.time()
+        # Compression runs on the shared default executor so that several finishes can encode
+        # in parallel (zstd releases the GIL); only the INSERT+fsync is serialized.
+        rows = await asyncio.to_thread(
+            lambda: [
+                row_values(tenant, session_id, task_id, seg, now, s)
+                for seg, s in zip(segments, samples, strict=True)
+            ]
+        )
+        future: Future[list[int]] = Future()
+        stored = None if outcome is None else StoredOutcome(tenant, session_id, outcome)
+        self._pending.put((rows, stored, future))
+        self._write_pool.submit(self._commit_pending)
+        cursors = await asyncio.wrap_future(future)
+        if (event := self._events.pop(tenant, None)) is not None:
+            event.set()
+        return cursors
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def iter_sync(self, tenant: str | None, *, after: int = 0, batch: int = 64) -> Iterator[StoredSample]:
+        """Every sample after `after`, oldest first, read `batch` rows at a time."""
+        while chunk := self.list_sync(tenant, after=after, limit=batch):
+            yield from chunk
+            after = chunk[-1].cursor
+
+    async def _read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._read_pool, lambda: fn(*args, **kwargs))
+
+    async def list(self, tenant: str, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
+        """The tenant's samples with cursor > `after`, oldest first, at most `limit`."""
+        return await self._read(self.list_sync, tenant, after=after, limit=limit)
+
+    async def outcome(self, tenant: str, session_id: str) -> dict[str, Any] | None:
+        """`outcome_sync` on the reader thread."""
+        return await self._read(self.outcome_sync, tenant, session_id)
+
+    async def stored_sessions(self, session_ids: list[str]) -> set[str]:
+        """`stored_sessions_sync` on the reader thread."""
+        return await self._read(self.stored_sessions_sync, session_ids)
+
+    async def get(self, tenant: str, cursor: int) -> StoredSample | None:
+        """The tenant's sample at `cursor`, or None (also when it belongs to another tenant)."""
+        return await self._read(self.get_sync, tenant, cursor)
+
+    async def summaries(self, tenant: str | None, **kwargs: Any) -> list[SampleSummary]:
+        """`summaries_sync` on the reader thread."""
+        return await self._read(self.summaries_sync, tenant, **kwargs)
+
+    @abc.abstractmethod
+    def _query(self, sql: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
+        """Run a read (SQL with `?` placeholders) on the reader connection; all its rows."""
+
+    def list_sync(self, tenant: str | None, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
+        """Samples with cursor > `after`, oldest first, at most `limit`; `tenant=None` means all."""
+        if tenant is None:
+            q, args = (
+                f"SELECT {_COLUMNS} FROM samples WHERE cursor > ? ORDER BY cursor LIMIT ?",
+                (after, limit),
+            )
+        else:
+            q = f"SELECT {_COLUMNS} FROM samples WHERE tenant = ? AND cursor > ? ORDER BY cursor LIMIT ?"
+            args = (tenant, after, limit)
+        return [stored_from_row(r) for r in self._query(q, args)]
+
+    def get_sync(self, tenant: str | None, cursor: int) -> StoredSample | None:
+        """The sample at `cursor` if it exists and belongs to `tenant` (`None`: any tenant)."""
+        rows = self._query(f"SELECT {_COLUMNS} FROM samples WHERE cursor = ?", (cursor,))
+        if not rows or (tenant is not None and rows[0][1] != tenant):
+            return None
+        return stored_from_row(rows[0])
+
+    def summaries_sync(
+        self,
+        tenant: str | None,
+        *,
+        after: int = 0,
+        before: int | None = None,
+        limit: int = 100,
+        newest_first: bool = False,
+    ) -> list[SampleSummary]:
+        """Samples with `after` < cursor < `before`, without their token arrays (nothing to decompress).
+
+        For listings (the viewer): `newest_first` walks the (tenant, cursor) index backwards.
+        """
+        where, args = ["cursor > ?"], [after]
+        if before is not None:
+            where.append("cursor < ?")
+            args.append(before)
+        if tenant is not None:
+            where.append("tenant = ?")
+            args.append(tenant)
+        order = "DESC" if newest_first else "ASC"
+        query = f"SELECT {_SUMMARY_COLUMNS} FROM samples WHERE {' AND '.join(where)} ORDER BY cursor {order}"
+        return [SampleSummary.from_row(r) for r in self._query(query + " LIMIT ?", (*args, limit))]
+
+    def count_sync(self, tenant: str | None, *, after: int = 0) -> int:
+        """How many samples have cursor > `after` (for `tenant`, or all)."""
+        if tenant is None:
+            q, args = "SELECT COUNT(*) FROM samples WHERE cursor > ?", (after,)
+        else:
+            q, args = "SELECT COUNT(*) FROM samples WHERE tenant = ? AND cursor > ?", (tenant, after)
+        return int(self._query(q, args)[0][0])
+
+    def _latest_cursor(self, tenant: str) -> int:
+        rows = self._query("SELECT MAX(cursor) FROM samples WHERE tenant = ?", (tenant,))
+        return int(rows[0][0] or 0)
+
+    def outcome_sync(self, tenant: str, session_id: str) -> dict[str, Any] | None:
+        """What the tenant's finish or delete of `session_id` answered, if one was committed."""
+        rows = self._query(
+            "SELECT doc FROM outcomes WHERE session_id = ? AND tenant = ?", (session_id, tenant)
+        )
+        return orjson.loads(rows[0][0]) if rows else None
+
+    def _repoll_s(self) -> float | None:
+        """How long a waiter sleeps before reading again without a wake-up (None: until woken or done)."""
+        return None
+
+    async def _prepare_wait(self) -> None:
+        """Whatever must run before the first wait (nothing here)."""
+        return None
+
+    async def wait(self, tenant: str, *, after: int, timeout: float) -> None:  # noqa: ASYNC109
+        """Return once the tenant has a sample with cursor > `after`, or after `timeout` seconds.
+
+        `timeout` is the long-poll length, so running out of it is a normal return, not an error.
+        """
+        await self._prepare_wait()
+        deadline = time.monotonic() + timeout
+        while True:
+            # Take the event before reading, so a commit between the read and the sleep is
+            # not missed: it sets this very event.
+            event = self._events.setdefault(tenant, asyncio.Event())
+            if await self._read(self._latest_cursor, tenant) > after:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            repoll = self._repoll_s()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining if repoll is None else min(remaining, repoll))
+
+
+class TrajectoryStore(GroupCommitStore):
     """Finished samples in one SQLite file, readable by cursor per tenant.
 
     - `add_samples` writes all segments of one finish atomically, fsynced before it returns,
@@ -312,7 +555,7 @@ class TrajectoryStore:
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-store-w")
         self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="rlgw-store-r")
         self._events: dict[str, asyncio.Event] = {}
-        self._pending: queue.SimpleQueue[_PendingFinish] = queue.SimpleQueue()
+        self._pending: queue.SimpleQueue[PendingFinish] = queue.SimpleQueue()
 
     @classmethod
     def open(cls, data_dir: Path) -> TrajectoryStore:
@@ -349,25 +592,26 @@ class TrajectoryStore:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _commit_pending(self) -> None:
-        """Writer thread: commit every queued finish in one transaction (group commit).
+    def _commit_batch(self, batch: list[Finish]) -> list[list[int] | BaseException]:
+        """Writer thread: commit the finishes in one transaction.
 
         Each finish sits in its own SAVEPOINT, so one failing finish is rolled back alone
         while the others commit; all share one fsync, which is what bounds the write rate.
         """
-        batch: list[_PendingFinish] = []
-        while not self._pending.empty():
-            batch.append(self._pending.get_nowait())
-        if not batch:
-            return  # an earlier call already committed this finish along with its own
         conn = self._writer
         outcomes: list[list[int] | BaseException] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for rows, _ in batch:
+            for rows, outcome in batch:
                 conn.execute("SAVEPOINT finish")
                 try:
-                    outcomes.append([conn.execute(_INSERT, row).lastrowid for row in rows])
+                    cursors = [conn.execute(_INSERT, row).lastrowid for row in rows]
+                    if outcome is not None:
+                        conn.execute(
+                            "INSERT INTO outcomes (session_id, tenant, doc) VALUES (?, ?, ?)",
+                            (outcome.session_id, outcome.tenant, outcome.doc(cursors)),
+                        )
+                    outcomes.append(cursors)
                 except Exception as exc:
                     conn.execute("ROLLBACK TO finish")
                     outcomes.append(exc)
@@ -377,164 +621,31 @@ class TrajectoryStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             outcomes = [exc] * len(batch)
-        for (_, future), outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
+        return outcomes
 
-    async def add_samples(
-        self,
-        tenant: str,
-        session_id: str,
-        task_id: str,
-        samples: list[Sample],
-        *,
-        segments: list[int] | None = None,
-    ) -> list[int]:
-        """Store the segments of one finished session all or nothing.
+    def _query(self, sql: str, args: tuple[Any, ...] | list[Any]) -> list[tuple[Any, ...]]:
+        return self._reader.execute(sql, args).fetchall()
 
-        `segments[i]` is the ledger segment index of `samples[i]` (default: 0, 1, 2, ...);
-        pass it when some segments were rejected, so the stored index matches the ledger's.
-        Returns the cursors, in order, once the transaction is durable on disk.
-        """
-        if self._readonly:
-            raise StoreError("this store was opened read-only")
-        if not samples:
-            return []
-        if segments is None:
-            segments = list(range(len(samples)))
-        elif len(segments) != len(samples):
-            raise ValueError(f"{len(segments)} segment indices for {len(samples)} samples")
-        now = time.time()
-        # Compression runs on the shared default executor so that several finishes can encode
-        # in parallel (zstd releases the GIL); only the INSERT+fsync is serialized.
-        rows = await asyncio.to_thread(
-            lambda: [
-                _row_values(tenant, session_id, task_id, seg, now, s)
-                for seg, s in zip(segments, samples, strict=True)
-            ]
-        )
-        future: Future[list[int]] = Future()
-        self._pending.put((rows, future))
-        self._write_pool.submit(self._commit_pending)
-        cursors = await asyncio.wrap_future(future)
-        if (event := self._events.pop(tenant, None)) is not None:
-            event.set()
-        return cursors
-
-    # -- reading ---------------------------------------------------------------------------
-
-    def list_sync(self, tenant: str | None, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
-        """Samples with cursor > `after`, oldest first, at most `limit`; `tenant=None` means all."""
-        if tenant is None:
-            rows = self._reader.execute(
-                f"SELECT {_COLUMNS} FROM samples WHERE cursor > ? ORDER BY cursor LIMIT ?", (after, limit)
-            ).fetchall()
-        else:
-            rows = self._reader.execute(
-                f"SELECT {_COLUMNS} FROM samples WHERE tenant = ? AND cursor > ? ORDER BY cursor LIMIT ?",
-                (tenant, after, limit),
-            ).fetchall()
-        return [_from_row(r) for r in rows]
-
-    def get_sync(self, tenant: str | None, cursor: int) -> StoredSample | None:
-        """The sample at `cursor` if it exists and belongs to `tenant` (`None`: any tenant)."""
-        row = self._reader.execute(f"SELECT {_COLUMNS} FROM samples WHERE cursor = ?", (cursor,)).fetchone()
-        if row is None or (tenant is not None and row[1] != tenant):
-            return None
-        return _from_row(row)
-
-    def summaries_sync(
-        self,
-        tenant: str | None,
-        *,
-        after: int = 0,
-        before: int | None = None,
-        limit: int = 100,
-        newest_first: bool = False,
-    ) -> list[SampleSummary]:
-        """Samples with `after` < cursor < `before`, without their token arrays (nothing to decompress).
-
-        For listings (the viewer): `newest_first` walks the (tenant, cursor) index backwards.
-        """
-        where, args = ["cursor > ?"], [after]
-        if before is not None:
-            where.append("cursor < ?")
-            args.append(before)
-        if tenant is not None:
-            where.append("tenant = ?")
-            args.append(tenant)
-        order = "DESC" if newest_first else "ASC"
-        query = f"SELECT {_SUMMARY_COLUMNS} FROM samples WHERE {' AND '.join(where)} ORDER BY cursor {order}"
-        rows = self._reader.execute(query + " LIMIT ?", (*args, limit)).fetchall()
-        return [SampleSummary.from_row(r) for r in rows]
-
-    def count_sync(self, tenant: str | None, *, after: int = 0) -> int:
-        """How many samples have cursor > `after` (for `tenant`, or all)."""
-        if tenant is None:
-            q, args = "SELECT COUNT(*) FROM samples WHERE cursor > ?", (after,)
-        else:
-            q, args = "SELECT COUNT(*) FROM samples WHERE tenant = ? AND cursor > ?", (tenant, after)
-        return int(self._reader.execute(q, args).fetchone()[0])
-
-    def iter_sync(self, tenant: str | None, *, after: int = 0, batch: int = 64) -> Iterator[StoredSample]:
-        """Every sample after `after`, oldest first, read `batch` rows at a time."""
-        while chunk := self.list_sync(tenant, after=after, limit=batch):
-            yield from chunk
-            after = chunk[-1].cursor
-
-    def _latest_cursor(self, tenant: str) -> int:
-        row = self._reader.execute("SELECT MAX(cursor) FROM samples WHERE tenant = ?", (tenant,)).fetchone()
-        return int(row[0] or 0)
-
-    async def _read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._read_pool, lambda: fn(*args, **kwargs))
-
-    async def list(self, tenant: str, *, after: int = 0, limit: int = 100) -> list[StoredSample]:
-        """The tenant's samples with cursor > `after`, oldest first, at most `limit`."""
-        return await self._read(self.list_sync, tenant, after=after, limit=limit)
+    def _repoll_s(self) -> float | None:
+        # Only another process writing the same file commits without waking this one's events.
+        return CROSS_PROCESS_POLL_S
 
     def stored_sessions_sync(self, session_ids: list[str]) -> set[str]:
-        """Which of `session_ids` already have samples in the store (their finish committed)."""
+        """Which of `session_ids` are closed in the store: samples or an outcome committed."""
         found: set[str] = set()
-        for i in range(0, len(session_ids), 500):  # SQLite's bound-parameter limit
-            chunk = session_ids[i : i + 500]
+        for i in range(0, len(session_ids), 250):  # SQLite's bound-parameter limit
+            chunk = session_ids[i : i + 250]
             marks = ",".join("?" * len(chunk))
-            query = f"SELECT DISTINCT session_id FROM samples WHERE session_id IN ({marks})"
-            found.update(r[0] for r in self._reader.execute(query, chunk))
+            query = (
+                f"SELECT DISTINCT session_id FROM samples WHERE session_id IN ({marks}) "
+                f"UNION SELECT session_id FROM outcomes WHERE session_id IN ({marks})"
+            )
+            found.update(r[0] for r in self._reader.execute(query, chunk + chunk))
         return found
 
-    async def stored_sessions(self, session_ids: list[str]) -> set[str]:
-        """`stored_sessions_sync` on the reader thread."""
-        return await self._read(self.stored_sessions_sync, session_ids)
-
-    async def get(self, tenant: str, cursor: int) -> StoredSample | None:
-        """The tenant's sample at `cursor`, or None (also when it belongs to another tenant)."""
-        return await self._read(self.get_sync, tenant, cursor)
-
-    async def summaries(self, tenant: str | None, **kwargs: Any) -> list[SampleSummary]:
-        """`summaries_sync` on the reader thread."""
-        return await self._read(self.summaries_sync, tenant, **kwargs)
-
-    async def wait(self, tenant: str, *, after: int, timeout: float) -> None:  # noqa: ASYNC109
-        """Return once the tenant has a sample with cursor > `after`, or after `timeout` seconds.
-
-        `timeout` is the long-poll length, so running out of it is a normal return, not an error.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            # Take the event before reading, so a commit between the read and the sleep is
-            # not missed: it sets this very event.
-            event = self._events.setdefault(tenant, asyncio.Event())
-            if await self._read(self._latest_cursor, tenant) > after:
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), min(remaining, CROSS_PROCESS_POLL_S))
+    async def ready(self) -> None:
+        """Raise unless the file can be written now (for /readyz)."""
+        await asyncio.to_thread(check_writable, self.path)
 
     async def close(self) -> None:
         """Close both connections (checkpointing the WAL) after pending work finishes."""

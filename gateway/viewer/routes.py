@@ -5,6 +5,8 @@ turns, tool calls and parse errors, and every token coloured by kind with a logp
 sampled tokens. Tokens are not in the page: the page fetches them in pages from
 `/ui/api/samples/{cursor}/tokens` as the reader scrolls, so a 32k-token sample opens as fast as a
 short one. Pages are rendered on the server (Jinja2) with one small script; there is no build step.
+`/ui/training` charts a training run's receipts when the viewer was given their file
+(`viewer_app(receipts=...)`, i.e. `rlgw trajectories view --receipts`); `training.py` reads them.
 
 Access is the trajectory API's: under tenant keys a caller sees only its own tenant's runs. A
 browser cannot send a bearer header on navigation, so `/ui/login` keeps the key in an HttpOnly,
@@ -39,6 +41,7 @@ from rlgw.gateway.tenancy.tenants import KeyTable, require_tenant
 from rlgw.gateway.trajectories.api import MAX_CURSOR
 from rlgw.gateway.trajectories.store import StoredSample, TrajectoryStore
 from rlgw.gateway.viewer import data as viewer_data
+from rlgw.gateway.viewer import training
 
 router = APIRouter()
 
@@ -339,6 +342,76 @@ async def sample_tokens(
     return json_response(200, view.page(start, count), headers={"Cache-Control": "no-store"})
 
 
+# -- the training page ------------------------------------------------------------------------
+
+
+def _receipts(request: Request) -> Path | None:
+    """The receipts file this viewer was pointed at (`rlgw trajectories view --receipts`), if any."""
+    return getattr(request.app.state, "viewer_receipts", None)
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if not isinstance(v, (int, float)) else format(v, spec)
+
+
+def _receipt_cells(r: dict[str, Any]) -> list[str]:
+    loss, s = r.get("losses") or {}, r.get("seconds") or {}
+    served = ",".join((r.get("published") or {}).get("served_versions") or []) or "-"
+    return [
+        str(r["iteration"]), _fmt(r.get("reward_mean"), ".3f"), _fmt(r.get("rollouts"), "d"),
+        _fmt(r.get("trainable_tokens"), "d"), _fmt(r.get("kl"), ".4g"), _fmt(loss.get("clipfrac"), ".3f"),
+        _fmt(r.get("is_ratio_mean"), ".4f"), _fmt(r.get("max_staleness"), "d"),
+        _fmt(r.get("stale_tokens_masked"), "d"), _fmt(s.get("rollout"), ".1f"), _fmt(s.get("train"), ".1f"),
+        _fmt(s.get("sync"), ".1f"), served,
+    ]  # fmt: skip
+
+
+@router.get("/ui/training", response_class=HTMLResponse)
+async def training_page(request: Request) -> Response:
+    """A training run's receipts as charts (reward, KL, clip fraction, IS ratio, staleness, time split)."""
+    try:
+        _scope(request)
+    except _Denied:
+        return _login_page(request)
+    path = _receipts(request)
+    if path is None:
+        return _page("no_training.html", 404, logout=_uses_keys(request))
+    common = {"source": str(path), "logout": _uses_keys(request)}
+    try:
+        receipts = await asyncio.to_thread(training.load_receipts, path)
+    except training.ReceiptsError as exc:
+        return _page("training.html", 500, error=str(exc), rows=[], charts=[], **common)
+    return _page(
+        "training.html",
+        error="",
+        rows=[{"iteration": r["iteration"], "cells": _receipt_cells(r)} for r in receipts],
+        charts=training.charts(receipts),
+        **training.BOX,
+        **common,
+    )
+
+
+@router.get("/ui/api/training")
+async def training_series(request: Request) -> Response:
+    """The training page's values as JSON: iterations, and each chart's series (null where absent)."""
+    try:
+        _scope(request)
+    except _Denied:
+        raise AuthError("Invalid or missing tenant API key.") from None
+    path = _receipts(request)
+    if path is None:
+        raise NotFound("This viewer has no receipts file (rlgw trajectories view --receipts PATH).")
+    try:
+        receipts = await asyncio.to_thread(training.load_receipts, path)
+    except training.ReceiptsError as exc:
+        # the viewer's own file is bad, not the request: a server error that says which line
+        body = {
+            "error": {"message": str(exc), "type": "server_error", "param": None, "code": "invalid_receipts"}
+        }
+        return json_response(500, body)
+    return json_response(200, training.series_json(receipts), headers={"Cache-Control": "no-store"})
+
+
 # -- login and static files ----------------------------------------------------------------------
 
 
@@ -376,8 +449,17 @@ async def static(name: str) -> Response:
     return FileResponse(STATIC_DIR / name, media_type=_STATIC_FILES[name])
 
 
-def viewer_app(store: TrajectoryStore, *, scope: str | None = None, tokenizer: Any | None = None) -> Any:
-    """The viewer alone on a store (`rlgw trajectories view`): no gateway, no engine, no keys."""
+def viewer_app(
+    store: TrajectoryStore,
+    *,
+    scope: str | None = None,
+    tokenizer: Any | None = None,
+    receipts: Path | None = None,
+) -> Any:
+    """The viewer alone on a store (`rlgw trajectories view`): no gateway, no engine, no keys.
+
+    `receipts`: a `rlgw train` run's receipts.jsonl, shown at `/ui/training`.
+    """
     from fastapi import FastAPI
 
     from rlgw.gateway.http.errors import install_error_handlers
@@ -388,6 +470,7 @@ def viewer_app(store: TrajectoryStore, *, scope: str | None = None, tokenizer: A
     app.state.store = store
     app.state.viewer_scope = scope
     app.state.viewer_tokenizer = tokenizer
+    app.state.viewer_receipts = receipts
     app.state.tenant_keys = KeyTable()
 
     @app.get("/")

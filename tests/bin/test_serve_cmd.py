@@ -136,3 +136,23 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_store_and_journal_take_only_postgresql_urls() -> None:
+    for flag in ("--store", "--journal"):
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rlgw.bin.main",
+                "serve",
+                "--engine-url",
+                "http://127.0.0.1:9",
+                flag,
+                "/x",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 2 and f"{flag} takes a postgresql:// URL, got '/x'" in out.stderr

@@ -143,3 +143,30 @@ def test_missing_store_and_help(tmp_path: Path) -> None:
         [sys.executable, "-m", "rlgw.bin.main", "trajectories", "--help"], capture_output=True, timeout=60
     )
     assert help_out.returncode == 0 and b"rlgw trajectories export --format parquet" in help_out.stdout
+
+
+def test_list_and_export_read_a_postgresql_store(pg_url: str, tmp_path: Path) -> None:
+    import asyncio
+
+    from rlgw.gateway.trajectories.pg_store import PgTrajectoryStore
+
+    rng = np.random.default_rng(1)
+    samples = [make_sample(rng, response=20), make_sample(rng, response=10, teacher_k=2)]
+
+    async def fill() -> list[int]:
+        store = PgTrajectoryStore.open(pg_url)
+        cursors = await store.add_samples("alice", "sess-1", "task-1", samples)
+        await store.close()
+        return cursors
+
+    cursors = asyncio.run(fill())
+    listed = rlgw("list", "--store", pg_url, data_dir=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.decode().splitlines()[1:]] == [str(c) for c in cursors]
+    out = rlgw("export", "--format", "jsonl", "--store", pg_url, data_dir=tmp_path)
+    docs = [orjson.loads(line) for line in out.stdout.splitlines()]
+    assert [d["cursor"] for d in docs] == cursors
+    for doc, want in zip(docs, samples, strict=True):
+        assert_same_sample(Sample.from_dict(doc), want)
+    empty = rlgw("list", "--store", pg_url.rsplit("/", 1)[0] + "/postgres", data_dir=tmp_path)
+    assert empty.returncode == 2 and b"holds no trajectory store" in empty.stderr

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import respx
 
+from rlgw.gateway.trajectories.backends import open_store
 from rlgw.gateway.trajectories.client import (
     FinishSummary,
     GatewayClient,
@@ -21,14 +22,15 @@ from rlgw.gateway.trajectories.client import (
 )
 from rlgw.gateway.trajectories.store import TrajectoryStore
 from tests.support.sample_factory import assert_same_sample, make_sample
+from tests.support.store_backends import BACKENDS, store_location
 from tests.support.trajectory_app import serve, trajectory_app
 
 BASE = "http://gw.test"
 
 
-@pytest.fixture
-async def served(tmp_path: Path):
-    store = TrajectoryStore.open(tmp_path)
+@pytest.fixture(params=BACKENDS)
+async def served(request: pytest.FixtureRequest, tmp_path: Path):
+    store = open_store(store_location(request, request.param, tmp_path), tmp_path)
     async with serve(trajectory_app(store, {"key-a": "a", "key-b": "b"})) as url:
         yield store, url
     await store.close()

@@ -1,4 +1,4 @@
-"""Store gaps the mutation bench found (`bench/mutation.py`), on a real SQLite file: which sessions
+"""Store gaps the mutation bench found (`bench/mutation.py`), on both backends: which sessions
 already have their samples stored (what start-up asks of the journal's open sessions), across more
 ids than SQLite binds in one query."""
 
@@ -6,14 +6,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlgw.gateway.trajectories.store import TrajectoryStore
+import pytest
+
+from rlgw.gateway.trajectories.backends import open_store
 from tests.gateway.test_store_edges import sample
+from tests.support.store_backends import BACKENDS, store_location
 
 
-async def test_stored_sessions_finds_exactly_the_stored_ones_across_query_chunks(tmp_path: Path) -> None:
-    store = TrajectoryStore.open(tmp_path)
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_stored_sessions_finds_exactly_the_stored_ones_across_query_chunks(
+    request: pytest.FixtureRequest, kind: str, tmp_path: Path
+) -> None:
+    store = open_store(store_location(request, kind, tmp_path), tmp_path)
     try:
-        ids = [f"s{i}" for i in range(1001)]  # three chunks of at most 500 bound parameters
+        ids = [f"s{i}" for i in range(1001)]  # SQLite: five chunks of at most 250 ids
         stored = {"s0", "s499", "s500", "s1000"}  # each chunk's first or last id
         for sid in sorted(stored):
             await store.add_samples("a", sid, "task", [sample(1)])

@@ -1,4 +1,5 @@
-"""The trajectory store on a real SQLite file: round trips, atomic finishes, tenants, long-poll wakeups."""
+"""The trajectory store on both backends (a real SQLite file, a real PostgreSQL database): round trips,
+atomic finishes, tenants, long-poll wakeups; then SQLite's file handling."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from rlgw.gateway.sample import SampleStatus
+from rlgw.gateway.trajectories.backends import Store, open_store, open_store_readonly
 from rlgw.gateway.trajectories.store import (
     DB_NAME,
     StoreError,
@@ -19,16 +21,22 @@ from rlgw.gateway.trajectories.store import (
     encode_arrays,
 )
 from tests.support.sample_factory import assert_same_sample, make_sample
+from tests.support.store_backends import BACKENDS, integrity_errors, store_location
+
+
+@pytest.fixture(params=BACKENDS)
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return store_location(request, request.param, tmp_path)
 
 
 @pytest.fixture
-async def store(tmp_path: Path):
-    s = TrajectoryStore.open(tmp_path / "data")
+async def store(location: str, tmp_path: Path):
+    s = open_store(location, tmp_path)
     yield s
     await s.close()
 
 
-async def test_round_trip_is_token_exact_with_teacher_fields(store: TrajectoryStore) -> None:
+async def test_round_trip_is_token_exact_with_teacher_fields(store: Store) -> None:
     rng = np.random.default_rng(0)
     plain = make_sample(rng, prompt=30, response=200)
     teacher = make_sample(
@@ -66,7 +74,7 @@ async def test_round_trip_is_token_exact_with_teacher_fields(store: TrajectorySt
     assert wire["teacher_topk_indices"][0] == teacher.teacher_topk_indices[0].tolist()
 
 
-async def test_list_pages_by_cursor_and_tenants_are_isolated(store: TrajectoryStore) -> None:
+async def test_list_pages_by_cursor_and_tenants_are_isolated(store: Store) -> None:
     rng = np.random.default_rng(1)
     a = [make_sample(rng) for _ in range(5)]
     b = [make_sample(rng) for _ in range(2)]
@@ -85,12 +93,12 @@ async def test_list_pages_by_cursor_and_tenants_are_isolated(store: TrajectorySt
     assert await store.get("bob", 10_000) is None
 
 
-async def test_finish_is_all_or_nothing(store: TrajectoryStore) -> None:
+async def test_finish_is_all_or_nothing(store: Store) -> None:
     rng = np.random.default_rng(2)
     good = make_sample(rng)
     broken = make_sample(rng)
     broken.rollout_id = None  # violates NOT NULL on the second INSERT, after the first succeeded
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(integrity_errors()):
         await store.add_samples("t", "s", "task", [good, broken])
     assert await store.list("t") == []
     # The writer connection is left usable (no transaction stuck open).
@@ -98,7 +106,7 @@ async def test_finish_is_all_or_nothing(store: TrajectoryStore) -> None:
     assert [s.cursor for s in await store.list("t")] == cursors
 
 
-async def test_concurrent_finishes_commit_together_but_fail_alone(store: TrajectoryStore) -> None:
+async def test_concurrent_finishes_commit_together_but_fail_alone(store: Store) -> None:
     rng = np.random.default_rng(7)
     broken = make_sample(rng)
     broken.rollout_id = None
@@ -107,7 +115,7 @@ async def test_concurrent_finishes_commit_together_but_fail_alone(store: Traject
     results = await asyncio.gather(
         *(store.add_samples("t", f"s{i}", "task", f) for i, f in enumerate(finishes)), return_exceptions=True
     )
-    assert isinstance(results[3], sqlite3.IntegrityError)
+    assert isinstance(results[3], integrity_errors())
     stored = await store.list("t")
     assert sorted({s.session_id for s in stored}) == sorted(f"s{i}" for i in range(7) if i != 3)
     for i, cursors in enumerate(results):
@@ -117,32 +125,33 @@ async def test_concurrent_finishes_commit_together_but_fail_alone(store: Traject
             assert_same_sample(got[1].sample, finishes[i][1])
 
 
-async def test_reopen_keeps_samples_and_cursors_keep_growing(tmp_path: Path) -> None:
+async def test_reopen_keeps_samples_and_cursors_keep_growing(location: str, tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     sample = make_sample(rng)
-    s1 = TrajectoryStore.open(tmp_path)
+    s1 = open_store(location, tmp_path)
     first = await s1.add_samples("t", "s", "task", [sample, sample])
     await s1.close()
 
-    ro = TrajectoryStore.open_readonly(tmp_path)  # after a clean close: no -wal/-shm left
+    ro = open_store_readonly(location, tmp_path)  # after a clean close: no -wal/-shm left
     assert [s.cursor for s in ro.list_sync(None)] == first
     ro.close_sync()
 
-    s2 = TrajectoryStore.open(tmp_path)
+    s2 = open_store(location, tmp_path)
     second = await s2.add_samples("t", "s2", "task", [sample])
     assert second[0] > first[-1]
     # A read-only reader sees a live writer's committed rows (WAL).
-    ro = TrajectoryStore.open_readonly(tmp_path)
+    ro = open_store_readonly(location, tmp_path)
     assert ro.count_sync("t") == 3
     assert [s.cursor for s in ro.iter_sync("t", after=first[0], batch=1)] == [first[1], second[0]]
     with pytest.raises(StoreError):
         await ro.add_samples("t", "s", "task", [sample])
     ro.close_sync()
     await s2.close()
-    assert sqlite3.connect(tmp_path / DB_NAME).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    if not location.startswith("postgresql://"):
+        assert sqlite3.connect(Path(location) / DB_NAME).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-async def test_wait_wakes_on_commit_for_that_tenant_only(store: TrajectoryStore) -> None:
+async def test_wait_wakes_on_commit_for_that_tenant_only(store: Store) -> None:
     rng = np.random.default_rng(4)
     waiter = asyncio.create_task(store.wait("t1", after=0, timeout=30))
     other = asyncio.create_task(store.wait("t2", after=0, timeout=0.5))
@@ -156,9 +165,9 @@ async def test_wait_wakes_on_commit_for_that_tenant_only(store: TrajectoryStore)
     await asyncio.wait_for(store.wait("t1", after=0, timeout=30), 5)
 
 
-async def test_wait_sees_another_processes_commit(tmp_path: Path) -> None:
-    reader = TrajectoryStore.open(tmp_path)
-    writer = TrajectoryStore.open(tmp_path)  # separate connections and events: like another process
+async def test_wait_sees_another_processes_commit(location: str, tmp_path: Path) -> None:
+    reader = open_store(location, tmp_path)
+    writer = open_store(location, tmp_path)  # separate connections and events: like another process
     try:
         waiter = asyncio.create_task(reader.wait("t", after=0, timeout=30))
         await asyncio.sleep(0.05)
@@ -167,6 +176,24 @@ async def test_wait_sees_another_processes_commit(tmp_path: Path) -> None:
     finally:
         await reader.close()
         await writer.close()
+
+
+async def test_an_outcome_commits_with_its_samples_once_per_session_and_per_tenant(store: Store) -> None:
+    rng = np.random.default_rng(8)
+    cursors = await store.add_samples(
+        "t", "s-1", "task", [make_sample(rng)], outcome=lambda cs: {"samples": [{"cursor": c} for c in cs]}
+    )
+    assert await store.outcome("t", "s-1") == {"samples": [{"cursor": cursors[0]}]}
+    assert await store.outcome("other", "s-1") is None  # another tenant's session looks absent
+    assert await store.outcome("t", "s-2") is None
+    # An outcome without samples (eval mode, everything rejected, a delete) is stored too.
+    assert await store.add_samples("t", "s-2", "task", [], outcome=lambda _: {"deleted": True}) == []
+    assert await store.outcome("t", "s-2") == {"deleted": True}
+    assert await store.stored_sessions(["s-1", "s-2", "s-3"]) == {"s-1", "s-2"}
+    # A second outcome for the session fails, and its samples with it (a finish stores once).
+    with pytest.raises(integrity_errors()):
+        await store.add_samples("t", "s-1", "task", [make_sample(rng)], outcome=lambda _: {})
+    assert len(await store.list("t")) == 1
 
 
 def test_refuses_foreign_or_future_files(tmp_path: Path) -> None:

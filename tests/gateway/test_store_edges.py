@@ -1,5 +1,5 @@
 """The trajectory store's read side at its edges: summaries, counts, batches, every tenant at once,
-the wire forms, and a long poll that runs out; on a real SQLite file."""
+the wire forms, and a long poll that runs out; on both backends (real SQLite, real PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ import zstandard
 
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
 from rlgw.gateway.trajectories import store as store_module
+from rlgw.gateway.trajectories.backends import Store, open_store, open_store_readonly
 from rlgw.gateway.trajectories.store import (
     StoreError,
-    TrajectoryStore,
     decode_arrays,
     default_data_dir,
     encode_arrays,
 )
+from tests.support.store_backends import BACKENDS, store_location
 
 
 def sample(i: int, n: int = 6) -> Sample:
@@ -39,10 +40,15 @@ def sample(i: int, n: int = 6) -> Sample:
     )
 
 
+@pytest.fixture(params=BACKENDS)
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return store_location(request, request.param, tmp_path / "nested")
+
+
 @pytest.fixture
-async def filled(tmp_path: Path):
+async def filled(location: str, tmp_path: Path):
     """Tenant a: samples 0-3 (two finishes); tenant b: sample 4; cursors 1-5 in that order."""
-    store = TrajectoryStore.open(tmp_path / "nested" / "data")
+    store = open_store(location, tmp_path)
     await store.add_samples("a", "s0", "task", [sample(0), sample(1)])
     await store.add_samples("b", "s4", "task", [sample(4)])
     await store.add_samples("a", "s2", "task", [sample(2), sample(3)], segments=[0, 3])
@@ -50,7 +56,7 @@ async def filled(tmp_path: Path):
     await store.close()
 
 
-async def test_summaries_bound_order_and_describe_without_arrays(filled: TrajectoryStore) -> None:
+async def test_summaries_bound_order_and_describe_without_arrays(filled: Store) -> None:
     rows = await filled.summaries("a")
     assert [r.cursor for r in rows] == [1, 2, 4, 5]
     first = rows[1]
@@ -65,7 +71,7 @@ async def test_summaries_bound_order_and_describe_without_arrays(filled: Traject
     assert [r.cursor for r in filled.summaries_sync(None, before=3, newest_first=True)] == [2, 1]
 
 
-async def test_counts_lists_and_batches_per_tenant_or_for_all(filled: TrajectoryStore) -> None:
+async def test_counts_lists_and_batches_per_tenant_or_for_all(filled: Store) -> None:
     assert filled.count_sync("a") == 4 and filled.count_sync("a", after=2) == 2
     assert filled.count_sync(None) == 5 and filled.count_sync(None, after=4) == 1
     assert filled.count_sync("nobody") == 0
@@ -79,19 +85,21 @@ async def test_counts_lists_and_batches_per_tenant_or_for_all(filled: Trajectory
     assert (await filled.get("b", 3)) is not None
 
 
-async def test_an_empty_finish_writes_nothing(filled: TrajectoryStore) -> None:
+async def test_an_empty_finish_writes_nothing(filled: Store) -> None:
     assert await filled.add_samples("a", "s9", "task", []) == []
     assert filled.count_sync(None) == 5
 
 
-async def test_listings_default_to_100_rows(filled: TrajectoryStore) -> None:
+async def test_listings_default_to_100_rows(filled: Store) -> None:
     await filled.add_samples("c", "many", "task", [sample(i % 7) for i in range(101)])
     assert len(filled.summaries_sync("c")) == 100 and len(await filled.list("c")) == 100
     assert len(filled.list_sync("c")) == 100
 
 
-async def test_a_read_only_store_answers_async_reads_too(filled: TrajectoryStore) -> None:
-    ro = TrajectoryStore.open_readonly(filled.path.parent)
+async def test_a_read_only_store_answers_async_reads_too(
+    filled: Store, location: str, tmp_path: Path
+) -> None:
+    ro = open_store_readonly(location, tmp_path)
     try:
         assert [s.cursor for s in await ro.list("a")] == [1, 2, 4, 5]
         assert [r.cursor for r in await ro.summaries("b")] == [3]
@@ -102,7 +110,7 @@ async def test_a_read_only_store_answers_async_reads_too(filled: TrajectoryStore
 
 
 async def test_a_long_poll_with_nothing_new_returns_at_its_timeout(
-    filled: TrajectoryStore, monkeypatch: pytest.MonkeyPatch
+    filled: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Only the in-process commit event may wake a waiter here, not the cross-process re-read.
     monkeypatch.setattr(store_module, "CROSS_PROCESS_POLL_S", 60.0)
@@ -122,7 +130,7 @@ async def test_a_long_poll_with_nothing_new_returns_at_its_timeout(
     await asyncio.wait_for(waiter, 5)
 
 
-async def test_wire_forms(filled: TrajectoryStore) -> None:
+async def test_wire_forms(filled: Store) -> None:
     stored = filled.get_sync("a", 2)
     assert stored is not None
     line = stored.to_json()

@@ -12,16 +12,17 @@ import pytest
 
 from rlgw.gateway.sample import Sample
 from rlgw.gateway.trajectories.api import PAGE_ROWS
-from rlgw.gateway.trajectories.store import TrajectoryStore
+from rlgw.gateway.trajectories.backends import open_store
 from tests.support.sample_factory import assert_same_sample, make_sample
+from tests.support.store_backends import BACKENDS, store_location
 from tests.support.trajectory_app import serve, trajectory_app
 
 KEYS = {"key-alice": "alice", "key-bob": "bob"}
 
 
-@pytest.fixture
-async def env(tmp_path: Path):
-    store = TrajectoryStore.open(tmp_path)
+@pytest.fixture(params=BACKENDS)
+async def env(request: pytest.FixtureRequest, tmp_path: Path):
+    store = open_store(store_location(request, request.param, tmp_path), tmp_path)
     async with serve(trajectory_app(store, KEYS)) as url:
         async with (
             httpx.AsyncClient(

@@ -1,6 +1,6 @@
 """A real `rlgw serve` subprocess for the tenants, limits, metrics and operations tests.
 
-Unlike `tests.support.procs.rlgw_process` it keeps the process's output in a file (tests grep
+Unlike `tests.support.procs.rlgw_process` it keeps the process's log file after the run (tests grep
 the structured logs) and hands back the process itself (tests send it SIGTERM).
 """
 
@@ -31,9 +31,7 @@ class Gateway:
         return self.log_path.read_text(errors="replace")
 
 
-@contextlib.contextmanager
-def gateway(engine_url: str, tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Gateway]:
-    """`rlgw serve --engine-url ENGINE_URL ARGS` on a free port with its data dir under `tmp`."""
+def _spawn(engine_url: str, tmp: Path, args: tuple[str, ...], env: dict[str, str] | None) -> Gateway:
     port = free_port()
     data_dir = tmp / "data"
     log_path = tmp / f"gateway-{port}.log"
@@ -42,15 +40,36 @@ def gateway(engine_url: str, tmp: Path, *args: str, env: dict[str, str] | None =
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
-    url = f"http://127.0.0.1:{port}"
+    return Gateway(f"http://127.0.0.1:{port}", proc, data_dir, log_path)
+
+
+def _stop(gw: Gateway) -> None:
+    if gw.proc.poll() is None:
+        gw.proc.terminate()
+        try:
+            gw.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            gw.proc.kill()
+            gw.proc.wait()
+
+
+@contextlib.contextmanager
+def gateway(engine_url: str, tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Gateway]:
+    """`rlgw serve --engine-url ENGINE_URL ARGS` on a free port with its data dir under `tmp`."""
+    with gateways(engine_url, [(tmp, args, env)]) as (gw,):
+        yield gw
+
+
+@contextlib.contextmanager
+def gateways(
+    engine_url: str, specs: list[tuple[Path, tuple[str, ...] | list[str], dict[str, str] | None]]
+) -> Iterator[list[Gateway]]:
+    """Several gateways, one per `(tmp, args, env)`, started at once (their start-ups overlap)."""
+    started = [_spawn(engine_url, tmp, tuple(args), env) for tmp, args, env in specs]
     try:
-        wait_healthy(url + "/healthz", proc)
-        yield Gateway(url, proc, data_dir, log_path)
+        for gw in started:
+            wait_healthy(gw.url + "/healthz", gw.proc, log=gw.log_path)
+        yield started
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for gw in started:
+            _stop(gw)

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -26,12 +27,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
-    """Poll `url` until it answers 200; fail with the process's output if it dies or times out."""
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180.0, log: Path | None = None) -> None:
+    """Poll `url` until it answers 200; fail with the process's output if it dies or times out.
+
+    The output comes from `proc.stdout` when it is a pipe, else from the file `log` it writes to.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
+            if proc.stdout:
+                out = proc.stdout.read()
+            else:
+                out = log.read_text(errors="replace")[-20000:] if log else ""
             raise RuntimeError(f"process exited with {proc.returncode} before {url} was healthy:\n{out}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=2.0).status_code == 200:
@@ -41,20 +48,35 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> No
     raise TimeoutError(f"{url} not healthy after {timeout}s")
 
 
+def terminate(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM `proc` and wait for it; SIGKILL it if it is still there after `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def rlgw_process(args: list[str], health_path: str, port: int, env: dict | None = None) -> Iterator[str]:
-    """Run `rlgw ARGS` (which must listen on `port`) and yield its base URL until the block ends."""
+    """Run `rlgw ARGS` (which must listen on `port`) and yield its base URL until the block ends.
+
+    The child's output goes to a temporary file, not a pipe: a pipe nobody reads fills up and stalls a
+    chatty process mid-test. The file's tail is shown if the process dies before it is healthy.
+    """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlgw.bin.main", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=full_env,
-    )
+    with tempfile.NamedTemporaryFile(prefix="rlgw-proc-", suffix=".log", delete=False) as log_file:
+        log = Path(log_file.name)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlgw.bin.main", *args],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(base + health_path, proc)
+        wait_healthy(base + health_path, proc, log=log)
         yield base
     finally:
         proc.terminate()
@@ -63,6 +85,7 @@ def rlgw_process(args: list[str], health_path: str, port: int, env: dict | None 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

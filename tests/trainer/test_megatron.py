@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,10 +103,3 @@ def test_megatron_matches_pytorch_on_cpu(parallel) -> None:
 @pytest.mark.gpu
 def test_megatron_matches_pytorch_on_gpu(parallel) -> None:
     compare("cuda")
-
-
-def test_sharded_settings_are_refused_until_sharded_conversion_exists(parallel, tmp_path: Path) -> None:
-    from rlgw.trainer.megatron_trainer import MegatronTrainer
-
-    with pytest.raises(NotImplementedError, match="sharded"):
-        MegatronTrainer(MODEL, LossConfig(), OptimConfig(), tp=2)

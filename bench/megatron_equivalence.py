@@ -1,0 +1,116 @@
+"""The Megatron trainer split over ranks against one rank: loss, gradient and weight gaps per split.
+
+    python -m bench.megatron_equivalence              # CPU, gloo: 1, 2 and 4 processes (a few minutes)
+    python -m bench.megatron_equivalence --device cuda  # NCCL, needs 4 GPUs for the 4-process splits
+
+Runs `rlgw.trainer.megatron_probe` (one step of the full objective on a fixed batch of 5 rollouts,
+7 segments, temperatures 1.0 and 0.7, tiny-qwen3) once on one process and once per launch of 2 and
+4 processes, then prints per split: the loss's relative gap, the largest absolute gap of the
+gathered gradients, of the published weights after the AdamW step (elements whose gradient is
+within 1e-6 of zero excluded, then included), the grad norm's relative gap, and whether the
+weights published before the step are the checkpoint bit for bit (HF -> sharded Megatron -> HF).
+The issue's bounds: loss 1e-5, gradients and weights 1e-4. Then the pure conversion round trip
+(no processes) for every split of tiny-qwen3 tied / untied with q/k/v biases and tiny-chatml,
+with and without vocabulary padding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHES = {2: ["2x1x100", "1x1", "1x2"], 4: ["2x1", "2x2", "1x2"]}
+
+
+def launch(out: Path, world: int, splits: list[str], device: str) -> float:
+    """Run the probe's `splits` on `world` processes; wall seconds."""
+    cmd = [sys.executable]
+    if world > 1:
+        cmd += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
+    cmd += ["-m", "rlgw.trainer.megatron_probe", "--device", device, "--out", str(out)]
+    for s in splits:
+        cmd += ["--split", s]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"probe on {world} process(es) failed:\n{done.stderr[-4000:]}")
+    return time.perf_counter() - t0
+
+
+def round_trips() -> None:
+    """The conversion alone: every split, bit for bit."""
+    from safetensors.torch import load_file
+
+    from rlgw.trainer.megatron_convert import (
+        Split,
+        hf_to_megatron,
+        megatron_to_hf,
+        padded_vocab,
+        shard,
+        unshard,
+    )
+
+    print("\nHF -> Megatron -> shards -> whole -> HF (no processes), bit for bit:")
+    for name, untied in (("tiny-qwen3", False), ("tiny-qwen3", True), ("tiny-chatml", False)):
+        hf = json.loads((REPO / "tests/fixtures" / name / "config.json").read_text())
+        state = load_file(str(REPO / "tests/fixtures" / name / "model.safetensors"))
+        if untied:
+            hf["tie_word_embeddings"] = False
+            state["lm_head.weight"] = torch.randn_like(state["model.embed_tokens.weight"])
+        results = []
+        for tp, pp, pad in itertools.product((1, 2), (1, 2), (128, 100)):
+            split, rows = Split(tp, pp), padded_vocab(hf["vocab_size"], tp, pad)
+            full = hf_to_megatron(hf, state)
+            pieces = {(t, p): shard(hf, full, split, t, p, rows) for t in range(tp) for p in range(pp)}
+            back = megatron_to_hf(hf, unshard(hf, pieces, split))
+            ok = set(back) == set(state) and all(torch.equal(back[k], v) for k, v in state.items())
+            results.append(f"tp{tp}pp{pp} vocab {rows}: {'equal' if ok else 'DIFFERENT'}")
+        print(f"  {name}{' (untied)' if untied else ''}: " + "; ".join(results))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    args = p.parse_args()
+    from rlgw.trainer.megatron_probe import compare
+
+    with tempfile.TemporaryDirectory(prefix="rlgw-megatron-eq-") as tmp:
+        out = Path(tmp)
+        walls = {1: launch(out / "one", 1, ["1x1"], args.device)}
+        for world in args.worlds:
+            walls[world] = launch(out / str(world), world, LAUNCHES[world], args.device)
+        one = torch.load(out / "one" / "tp1pp1dp1.pt")
+        backend = "gloo, CPU" if args.device == "cpu" else "NCCL"
+        print(f"Megatron split vs one rank, one step on tiny-qwen3 ({backend}); launch wall times "
+              + ", ".join(f"{w} proc {s:.0f}s" for w, s in walls.items()))  # fmt: skip
+        print(f"  {'split':16s} {'loss rel':>9s} {'grad abs':>9s} {'w after':>9s} {'w after*':>9s} "
+              f"{'norm rel':>9s}  before == checkpoint")  # fmt: skip
+        for world in args.worlds:
+            for f in sorted((out / str(world)).glob("*.pt")):
+                split = torch.load(f)
+                g = compare(split, one)
+                s = split["split"]
+                name = f"tp{s['tp']} pp{s['pp']} dp{s['dp']}" + (" pad" if "pad" in f.stem else "")
+                print(f"  {name:16s} {g['loss_rel']:9.1e} {g['grad_abs']:9.1e} {g['weights_after']:9.1e} "
+                      f"{g['weights_after_all']:9.1e} {g['grad_norm_rel']:9.1e}  "
+                      f"{'bit for bit' if g['before_bitwise'] else 'DIFFERENT'}")  # fmt: skip
+        print("  (w after*: every element, including those whose gradient is within 1e-6 of zero, where "
+              "Adam's first step is lr * g / (|g| + eps) and rounding of g moves it by up to lr = 1e-3;"
+              " 'pad': vocabulary padded 4096 -> 4200 rows)")  # fmt: skip
+    round_trips()
+
+
+if __name__ == "__main__":
+    main()

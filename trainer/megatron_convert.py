@@ -1,0 +1,215 @@
+"""Hugging Face Llama/Qwen weights to Megatron `GPTModel` ones and back, whole or split over TP x PP ranks.
+
+Three layers, each the exact inverse of its partner (round trips are bit for bit):
+- `hf_to_megatron` / `megatron_to_hf`: renaming and re-laying (QKV interleaved per query group,
+  SwiGLU's gate and up in one `linear_fc1`), global layer numbers, the HF vocabulary.
+- `shard` / `unshard`: one rank's piece of that whole state, as megatron-core's local layer spec
+  lays it out: vocab-parallel embedding and output layer (rows padded to `padded_vocab`, zeros in
+  the padding), column-parallel `linear_qkv` (whole query groups per rank) and `linear_fc1` (each
+  rank a slice of gate then the same slice of up), row-parallel `linear_proj` and `linear_fc2`,
+  norms (including Qwen3's q/k norms) replicated; pipeline stage `s` holds layers
+  [s * L / pp, (s + 1) * L / pp) under local numbers, the embedding on the first stage, the final
+  norm and the output layer on the last (with tied embeddings and pp > 1 the last stage keeps a
+  copy of the embedding as its output layer, as megatron-core does).
+This module knows nothing about process groups or models; `megatron_trainer` applies it per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+SUPPORTED = {"qwen3", "qwen2", "llama", "mistral"}
+_VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
+_COLUMN = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")
+_ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+_GATED = "mlp.linear_fc1.weight"
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """How the model is cut: tensor-parallel size and pipeline-parallel size (data parallelism copies it)."""
+
+    tp: int = 1
+    pp: int = 1
+
+
+def heads(hf: dict[str, Any]) -> tuple[int, int, int]:
+    """(query heads, query groups, head dim) of a HF config."""
+    n = hf["num_attention_heads"]
+    return n, hf.get("num_key_value_heads", n), hf.get("head_dim") or hf["hidden_size"] // n
+
+
+def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
+    """Megatron-LM's rule: the vocabulary rounded up to a multiple of `divisible_by * tp`."""
+    m = divisible_by * tp
+    return -(-vocab // m) * m
+
+
+def check_split(hf: dict[str, Any], split: Split) -> None:
+    """Refuse a split the model's shapes do not divide into (megatron-core would fail later, less clearly)."""
+    n, groups, _ = heads(hf)
+    problems = []
+    if groups % split.tp:
+        problems.append(f"{groups} query groups (num_key_value_heads) are not divisible by tp={split.tp}")
+    if n % split.tp:
+        problems.append(f"{n} attention heads are not divisible by tp={split.tp}")
+    if hf["intermediate_size"] % split.tp:
+        problems.append(f"intermediate_size {hf['intermediate_size']} is not divisible by tp={split.tp}")
+    if hf["num_hidden_layers"] % split.pp:
+        problems.append(f"{hf['num_hidden_layers']} layers are not divisible by pp={split.pp}")
+    if problems:
+        raise ValueError("cannot split the model: " + "; ".join(problems))
+
+
+def hf_to_megatron(hf: dict[str, Any], state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """HF Llama/Qwen weights as an unsharded Megatron `GPTModel` state dict (local layer spec)."""
+    _, groups, d = heads(hf)
+    per = heads(hf)[0] // groups
+    out = {"embedding.word_embeddings.weight": state["model.embed_tokens.weight"],
+           "decoder.final_layernorm.weight": state["model.norm.weight"]}  # fmt: skip
+    if not hf.get("tie_word_embeddings", False):
+        out["output_layer.weight"] = state["lm_head.weight"]
+    for i in range(hf["num_hidden_layers"]):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        q = state[h + "self_attn.q_proj.weight"].view(groups, per * d, -1)
+        k = state[h + "self_attn.k_proj.weight"].view(groups, d, -1)
+        v = state[h + "self_attn.v_proj.weight"].view(groups, d, -1)
+        # Megatron keeps q, k and v of each query group together: [g0: q.. k v, g1: q.. k v, ...]
+        out[m + "self_attention.linear_qkv.weight"] = torch.cat([q, k, v], 1).reshape(-1, q.shape[-1])
+        if h + "self_attn.q_proj.bias" in state:
+            qb = state[h + "self_attn.q_proj.bias"].view(groups, per * d)
+            kb = state[h + "self_attn.k_proj.bias"].view(groups, d)
+            vb = state[h + "self_attn.v_proj.bias"].view(groups, d)
+            out[m + "self_attention.linear_qkv.bias"] = torch.cat([qb, kb, vb], 1).reshape(-1)
+        out[m + "input_layernorm.weight"] = state[h + "input_layernorm.weight"]
+        out[m + "self_attention.linear_proj.weight"] = state[h + "self_attn.o_proj.weight"]
+        if h + "self_attn.q_norm.weight" in state:
+            out[m + "self_attention.q_layernorm.weight"] = state[h + "self_attn.q_norm.weight"]
+            out[m + "self_attention.k_layernorm.weight"] = state[h + "self_attn.k_norm.weight"]
+        out[m + "pre_mlp_layernorm.weight"] = state[h + "post_attention_layernorm.weight"]
+        out[m + _GATED] = torch.cat([state[h + "mlp.gate_proj.weight"], state[h + "mlp.up_proj.weight"]], 0)
+        out[m + "mlp.linear_fc2.weight"] = state[h + "mlp.down_proj.weight"]
+    return out
+
+
+def megatron_to_hf(hf: dict[str, Any], state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The inverse of `hf_to_megatron` (HF names and shapes, for weight sync)."""
+    n, groups, d = heads(hf)
+    per = n // groups
+    out = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+           "model.norm.weight": state["decoder.final_layernorm.weight"]}  # fmt: skip
+    if "output_layer.weight" in state and not hf.get("tie_word_embeddings", False):
+        out["lm_head.weight"] = state["output_layer.weight"]
+    for i in range(hf["num_hidden_layers"]):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        qkv = state[m + "self_attention.linear_qkv.weight"].view(groups, (per + 2) * d, -1)
+        out[h + "self_attn.q_proj.weight"] = qkv[:, : per * d].reshape(-1, qkv.shape[-1])
+        out[h + "self_attn.k_proj.weight"] = qkv[:, per * d : (per + 1) * d].reshape(-1, qkv.shape[-1])
+        out[h + "self_attn.v_proj.weight"] = qkv[:, (per + 1) * d :].reshape(-1, qkv.shape[-1])
+        if m + "self_attention.linear_qkv.bias" in state:
+            b = state[m + "self_attention.linear_qkv.bias"].view(groups, (per + 2) * d)
+            out[h + "self_attn.q_proj.bias"] = b[:, : per * d].reshape(-1)
+            out[h + "self_attn.k_proj.bias"] = b[:, per * d : (per + 1) * d].reshape(-1)
+            out[h + "self_attn.v_proj.bias"] = b[:, (per + 1) * d :].reshape(-1)
+        out[h + "input_layernorm.weight"] = state[m + "input_layernorm.weight"]
+        out[h + "self_attn.o_proj.weight"] = state[m + "self_attention.linear_proj.weight"]
+        if m + "self_attention.q_layernorm.weight" in state:
+            out[h + "self_attn.q_norm.weight"] = state[m + "self_attention.q_layernorm.weight"]
+            out[h + "self_attn.k_norm.weight"] = state[m + "self_attention.k_layernorm.weight"]
+        out[h + "post_attention_layernorm.weight"] = state[m + "pre_mlp_layernorm.weight"]
+        gate, up = state[m + _GATED].chunk(2, 0)
+        out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate, up
+        out[h + "mlp.down_proj.weight"] = state[m + "mlp.linear_fc2.weight"]
+    return out
+
+
+def _stage_layers(hf: dict[str, Any], pp: int, stage: int) -> range:
+    per = hf["num_hidden_layers"] // pp
+    return range(stage * per, (stage + 1) * per)
+
+
+def _owner(name: str, hf: dict[str, Any], split: Split, stage: int) -> str | None:
+    """The local name of global tensor `name` on pipeline stage `stage`, or None if the stage lacks it."""
+    first, last = stage == 0, stage == split.pp - 1
+    if name.startswith("decoder.layers."):
+        i, rest = name.removeprefix("decoder.layers.").split(".", 1)
+        layers = _stage_layers(hf, split.pp, stage)
+        return f"decoder.layers.{int(i) - layers.start}.{rest}" if int(i) in layers else None
+    if name == "embedding.word_embeddings.weight":
+        return name if first else None
+    return name if last else None  # final norm, output layer
+
+
+def _tp_piece(name: str, t: Tensor, tp: int, rank: int, vocab_rows: int) -> Tensor:
+    if name.endswith(_VOCAB):
+        pad = t.new_zeros((vocab_rows - t.shape[0], *t.shape[1:]))
+        return torch.cat([t, pad], 0).chunk(tp, 0)[rank].clone()
+    if name.endswith(_COLUMN):
+        return t.chunk(tp, 0)[rank].clone()
+    if name.endswith(_ROW):
+        return t.chunk(tp, 1)[rank].clone()
+    if name.endswith(_GATED):
+        gate, up = t.chunk(2, 0)
+        return torch.cat([gate.chunk(tp, 0)[rank], up.chunk(tp, 0)[rank]], 0)
+    return t.clone()
+
+
+def shard(
+    hf: dict[str, Any], full: dict[str, Tensor], split: Split, tp_rank: int, pp_rank: int, vocab_rows: int
+) -> dict[str, Tensor]:
+    """The local state dict of rank (`tp_rank`, `pp_rank`) from the whole Megatron state `full`.
+
+    `vocab_rows` is the padded vocabulary the model was built with (`padded_vocab`).
+    """
+    check_split(hf, split)
+    out = {}
+    for name, t in full.items():
+        local = _owner(name, hf, split, pp_rank)
+        if local is not None:
+            out[local] = _tp_piece(name, t, split.tp, tp_rank, vocab_rows)
+    tied = hf.get("tie_word_embeddings", False)
+    if tied and split.pp > 1 and pp_rank == split.pp - 1:
+        emb = full["embedding.word_embeddings.weight"]
+        out["output_layer.weight"] = _tp_piece("output_layer.weight", emb, split.tp, tp_rank, vocab_rows)
+    return out
+
+
+def _tp_whole(name: str, pieces: list[Tensor], vocab: int) -> Tensor:
+    if name.endswith(_VOCAB):
+        return torch.cat(pieces, 0)[:vocab]
+    if name.endswith(_COLUMN):
+        return torch.cat(pieces, 0)
+    if name.endswith(_ROW):
+        return torch.cat(pieces, 1)
+    if name.endswith(_GATED):
+        halves = [p.chunk(2, 0) for p in pieces]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], 0)
+    return pieces[0]
+
+
+def unshard(
+    hf: dict[str, Any], pieces: dict[tuple[int, int], dict[str, Tensor]], split: Split
+) -> dict[str, Tensor]:
+    """The whole Megatron state from every rank's local state, keyed by (tp_rank, pp_rank).
+
+    Replicated tensors are taken from tensor-parallel rank 0; the padded vocabulary rows are dropped;
+    with tied embeddings the last stage's copy of the embedding is not part of the whole state.
+    """
+    vocab = hf["vocab_size"]
+    tied = hf.get("tie_word_embeddings", False)
+    out: dict[str, Tensor] = {}
+    for stage in range(split.pp):
+        offset = _stage_layers(hf, split.pp, stage).start
+        for local in pieces[(0, stage)]:
+            if tied and local == "output_layer.weight":
+                continue
+            name = local
+            if local.startswith("decoder.layers."):
+                i, rest = local.removeprefix("decoder.layers.").split(".", 1)
+                name = f"decoder.layers.{int(i) + offset}.{rest}"
+            out[name] = _tp_whole(local, [pieces[(r, stage)][local] for r in range(split.tp)], vocab)
+    return out

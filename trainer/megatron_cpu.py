@@ -1,0 +1,103 @@
+"""What megatron-core needs to run on a CPU (gloo): shims for the places it assumes a CUDA device.
+
+megatron-core 0.16 is written for GPUs; on a CPU (the tests, CI, a laptop) these spots fail:
+- the RNG tracker forks CUDA RNG state (a no-op tracker instead);
+- its global memory buffer allocates on `torch.cuda.current_device()`;
+- RoPE's `get_emb` moves its frequencies to `torch.cuda.current_device()`;
+- `DistributedDataParallel`'s gradient buffers and the pipeline's shape exchange allocate on
+  `torch.cuda.current_device()`, the p2p code calls `torch.cuda.synchronize()`, the schedules put
+  their token counter on `device="cuda"`, and with tied embeddings and pp > 1 the last stage moves
+  its copy of the embedding with `.cuda()`.
+`cpu_shims()` patches the first three once; `cuda_is_cpu()` is a context, entered only around the
+megatron-core calls that need it, in which "the CUDA device" is the CPU. On a GPU neither is used.
+This module knows nothing about models or training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def cpu_shims() -> None:
+    """Let megatron-core run forward and backward on a CPU (idempotent)."""
+    from megatron.core import utils
+    from megatron.core.tensor_parallel.random import initialize_rng_tracker
+
+    initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    if getattr(utils.GlobalMemoryBuffer.get_tensor, "_rlgw_cpu", False):
+        return
+
+    def get_tensor(
+        self: Any, tensor_shape: Any, dtype: torch.dtype, name: str, mem_alloc_context: Any = None
+    ) -> Tensor:
+        n = 1
+        for d in tensor_shape:
+            n *= d
+        key = (name, dtype)
+        if key not in self.buffer or self.buffer[key].numel() < n:
+            self.buffer[key] = torch.empty(n, dtype=dtype, device="cpu", requires_grad=False)
+        return self.buffer[key][:n].view(*tensor_shape)
+
+    get_tensor._rlgw_cpu = True  # type: ignore[attr-defined]
+    utils.GlobalMemoryBuffer.get_tensor = get_tensor
+
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    original = RotaryEmbedding.get_emb
+
+    def get_emb(self: Any, *args: Any, **kwargs: Any) -> Tensor:
+        # get_emb moves inv_freq to torch.cuda.current_device() when it is on the CPU; here the
+        # CPU is the device, so for this call "the current CUDA device" is the CPU.
+        with cuda_is_cpu():
+            return original(self, *args, **kwargs)
+
+    RotaryEmbedding.get_emb = get_emb
+
+
+def _cpu(device: Any) -> Any:
+    return "cpu" if device is not None and str(device).startswith("cuda") else device
+
+
+class _TorchOnCpu:
+    """`torch` as megatron-core's schedules see it inside `cuda_is_cpu`: `device="cuda"` means the CPU."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args: Any, device: Any = None, **kwargs: Any) -> Tensor:
+        return torch.zeros(*args, device=_cpu(device), **kwargs)
+
+    @staticmethod
+    def empty(*args: Any, device: Any = None, **kwargs: Any) -> Tensor:
+        return torch.empty(*args, device=_cpu(device), **kwargs)
+
+    @staticmethod
+    def ones(*args: Any, device: Any = None, **kwargs: Any) -> Tensor:
+        return torch.ones(*args, device=_cpu(device), **kwargs)
+
+    @staticmethod
+    def tensor(*args: Any, device: Any = None, **kwargs: Any) -> Tensor:
+        return torch.tensor(*args, device=_cpu(device), **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_is_cpu() -> Iterator[None]:
+    """Within: `torch.cuda.current_device()` is the CPU, `synchronize` a no-op, `.cuda()` stays put,
+    and the pipeline schedules' `device="cuda"` tensors are made on the CPU. Restored on exit."""
+    from megatron.core.pipeline_parallel import schedules
+
+    saved = (torch.cuda.current_device, torch.cuda.synchronize, Tensor.cuda, schedules.torch)
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+    schedules.torch = _TorchOnCpu()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.cuda.current_device, torch.cuda.synchronize, Tensor.cuda, schedules.torch = saved

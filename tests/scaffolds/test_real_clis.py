@@ -1,5 +1,5 @@
-"""Claude Code, Codex, opencode, qwen-code and pi (pinned npm releases) run for real through `rlgw serve` on
-tiny-agent.
+"""Claude Code, Codex, opencode, qwen-code and pi (the last on Chat, Messages and Responses), pinned npm
+releases, run for real through `rlgw serve` on tiny-agent.
 
 Each run goes through the product's own path: `InstalledAgent` with the CLI's scaffold on a local
 sandbox, the scaffold's install command putting the npm package into a cache prefix
@@ -148,6 +148,7 @@ async def test_qwen_code(agent_stack: Stack, tmp_path: Path) -> None:
     await run_cli(agent_stack, QwenCodeScaffold(prefix=prefix), tmp_path)
 
 
-async def test_pi(agent_stack: Stack, tmp_path: Path) -> None:
+@pytest.mark.parametrize("api", ["openai-completions", "anthropic-messages", "openai-responses"])
+async def test_pi(agent_stack: Stack, tmp_path: Path, api: str) -> None:
     prefix = prefix_for(PiScaffold)
-    await run_cli(agent_stack, PiScaffold(prefix=prefix), tmp_path)
+    await run_cli(agent_stack, PiScaffold(prefix=prefix, api=api), tmp_path)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlgw.scaffolds.node_cli import CONTEXT_ERROR, NodeCliScaffold, session_root
+from rlgw.scaffolds.node_cli import CONTEXT_ERROR, NodeCliScaffold, output_cap, session_root
 from rlgw.scaffolds.scaffold import ScaffoldContext, TrajectoryInfo
 from rlgw.scaffolds.termination import TerminationReason as R
 
@@ -62,8 +62,7 @@ class ClaudeCodeScaffold(NodeCliScaffold):
         }
         if ctx.mode == "capture":
             env["DISABLE_AUTO_COMPACT"] = "1"
-        max_tokens = ctx.sampling.get("max_tokens") or ctx.sampling.get("max_completion_tokens")
-        if max_tokens:
+        if max_tokens := output_cap(ctx):
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(max_tokens)
         return env
 

@@ -3,8 +3,8 @@
 Python agents that need another Python than the sandbox's (OpenHands and harbor need 3.12)
 live in their own virtual environment: the sandbox's Python of that version (on PATH, or
 among pyenv's versions) makes it with `venv`, and pip fills it from the package index pip is
-configured with. Node agents (Claude Code, Codex, opencode) are npm packages installed into
-a prefix of their own. Each install is one shell command that does nothing when the
+configured with. Node agents (Claude Code, Codex, opencode, qwen-code, pi) are npm packages
+installed into a prefix of their own. Each install is one shell command that does nothing when the
 environment already passes its check (a prepared image, or a venv or prefix cached between
 runs on a local sandbox), so a run pays for the install only once, and that fails with a
 message naming what is missing when the sandbox lacks the interpreter. Nothing is fetched

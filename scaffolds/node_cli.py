@@ -1,4 +1,5 @@
-"""The shared shape of the coding-agent CLIs that ship on npm (Claude Code, Codex, opencode).
+"""The shared shape of the coding-agent CLIs that ship on npm (Claude Code, Codex, opencode,
+qwen-code, pi).
 
 Each is one pinned npm package installed into a prefix of its own (`install.npm_install`:
 skipped when the prefix already holds that version), configured through its own settings
@@ -95,6 +96,12 @@ def json_lines(text: str) -> list[dict[str, Any]]:
         if isinstance(doc, dict):
             events.append(doc)
     return events
+
+
+def output_cap(ctx: ScaffoldContext) -> int | None:
+    """The run's output-token cap (sampling `max_tokens` or `max_completion_tokens`), if it sets one."""
+    cap = ctx.sampling.get("max_tokens") or ctx.sampling.get("max_completion_tokens")
+    return int(cap) if cap else None
 
 
 def session_root(base_url: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from rlgw.scaffolds.node_cli import CONTEXT_ERROR, NodeCliScaffold
+from rlgw.scaffolds.node_cli import CONTEXT_ERROR, NodeCliScaffold, output_cap
 from rlgw.scaffolds.scaffold import ScaffoldContext, TrajectoryInfo
 from rlgw.scaffolds.termination import TerminationReason as R
 
@@ -44,10 +44,10 @@ class OpencodeScaffold(NodeCliScaffold):
     def config(self, ctx: ScaffoldContext) -> dict[str, Any]:
         """opencode's config document for this run."""
         model: dict[str, Any] = {"name": ctx.llm.model}
-        output = ctx.sampling.get("max_tokens") or ctx.sampling.get("max_completion_tokens")
+        output = output_cap(ctx)
         if output or self.context_window:
             # 0 is opencode's "unknown": no compaction check, and its own output cap (32000).
-            model["limit"] = {"context": self.context_window or 0, "output": int(output or 0)}
+            model["limit"] = {"context": self.context_window or 0, "output": output or 0}
         return {
             "$schema": "https://opencode.ai/config.json",
             "provider": {

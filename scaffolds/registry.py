@@ -9,6 +9,8 @@ from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.mini import MiniScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.openhands import OpenHandsScaffold
+from rlgw.scaffolds.pi import PiScaffold
+from rlgw.scaffolds.qwen_code import QwenCodeScaffold
 from rlgw.scaffolds.scaffold import InstalledScaffold
 from rlgw.scaffolds.terminus import Terminus2Scaffold
 
@@ -19,6 +21,8 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     ClaudeCodeScaffold.name: ClaudeCodeScaffold,
     CodexScaffold.name: CodexScaffold,
     OpencodeScaffold.name: OpencodeScaffold,
+    QwenCodeScaffold.name: QwenCodeScaffold,
+    PiScaffold.name: PiScaffold,
 }
 
 

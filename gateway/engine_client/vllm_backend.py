@@ -5,9 +5,9 @@ router affinity header, retry-before-output, abort on cancellation, error mappin
 the wire format, translated at this edge so nothing above it knows which engine answers:
 
 - the gateway's SGLang sampling params become vLLM `SamplingParams` fields (`max_new_tokens` ->
-  `max_tokens`, `sampling_seed` -> `seed`, `json_schema`/`regex`/`ebnf` -> `structured_outputs`,
-  `top_logprobs_num` -> `logprobs`); a key with no vLLM meaning is refused (400), because vLLM
-  ignores unknown sampling keys silently;
+  `max_tokens`, `sampling_seed` -> `seed`, `json_schema`/`regex`/`ebnf`/`structural_tag` ->
+  `structured_outputs`, `top_logprobs_num` -> `logprobs`); a key with no vLLM meaning is refused
+  (400), because vLLM ignores unknown sampling keys silently;
 - vLLM's reply (`choices[0].token_ids`, `logprobs.content[i].logprob`, `finish_reason` +
   `stop_reason`, `weight_versions` spans) becomes the same `GenerationResult`, read verbatim;
 - `model_info` asks `/v1/models`, `/version` and, where the server runs with
@@ -67,7 +67,7 @@ SAME = frozenset(
     )
 )
 # SGLang's constrained decoding keys, and vLLM's `structured_outputs` field of each.
-STRUCTURED = {"json_schema": "json", "regex": "regex", "ebnf": "grammar"}
+STRUCTURED = {"json_schema": "json", "regex": "regex", "ebnf": "grammar", "structural_tag": "structural_tag"}
 # Keys that only change SGLang's text output or streaming cadence: the gateway reads token ids.
 TEXT_ONLY = frozenset(("no_stop_trim", "stream_interval"))
 

@@ -34,6 +34,7 @@ from rlgw.gateway.ledger.ledger import (
 from rlgw.gateway.model.profile import ModelProfile
 from rlgw.gateway.parsing.detokenize import IncrementalDetokenizer, StopTrimmer
 from rlgw.gateway.parsing.output_parser import OutputParser, ParsedOutput, ParseError, ParserEvent, ToolCall
+from rlgw.gateway.parsing.tool_choice_grammar import CONSTRAINED_NOTE, tool_choice_grammar
 from rlgw.gateway.sessions.table import Session
 from rlgw.gateway.turns.lifecycle import (
     Plan,
@@ -376,7 +377,45 @@ def _prepare(
     sampling, overridden = engine_sampling(
         profile, session, params.sampling, params.max_tokens, params.top_logprobs, len(plan.input_ids)
     )
+    _constrain_tool_choice(profile, params, plan, sampling)
     return plan, sampling, overridden
+
+
+# The engine's constraint keys (SGLang's): a turn carries at most one.
+_CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+def _constrain_tool_choice(
+    profile: ModelProfile, params: ChatParams, plan: Plan, sampling: dict[str, Any]
+) -> None:
+    """A `tool_choice` that promises a call (required, or a named function) becomes the engine's
+    `structural_tag` (`parsing.tool_choice_grammar`), as SGLang and vLLM constrain it."""
+    grammar = tool_choice_grammar(
+        params.tools,
+        params.tool_choice,
+        tool_format=profile.tool_format,
+        parallel=params.parallel_tool_calls,
+        reasoning=profile.reasoning,
+        reasoning_forced=plan.reasoning_forced,
+    )
+    if grammar is None:
+        return
+    if any(key in sampling for key in _CONSTRAINTS):
+        raise InvalidRequest(
+            "a tool_choice that requires a call is a grammar, and the request already sets one "
+            "(response_format, regex or ebnf): use one of them",
+            param="tool_choice",
+        )
+    sampling["structural_tag"] = grammar.source
+
+
+def _turn_notes(params: ChatParams, sampling: dict[str, Any], response_id: str) -> dict[str, list[Any]]:
+    """The request's notes for the sample, plus this turn's response id if a tool_choice grammar
+    constrained it: its logprobs are those of the masked distribution, which a trainer's forward
+    pass without the grammar does not reproduce."""
+    if "structural_tag" not in sampling or params.tool_choice in (None, "auto", "none"):
+        return params.notes
+    return {**params.notes, CONSTRAINED_NOTE: [response_id]}
 
 
 async def run_chat(
@@ -395,9 +434,8 @@ async def run_chat(
         _check_calls(params, parsed)
         call_ids = [tool_call_id() for _ in parsed.tool_calls]
         response_id = "chatcmpl-" + fresh_hex()
-        await _commit(
-            profile, turn, plan, result, parsed, call_ids, response_id, overridden, params.notes, sampling
-        )
+        notes = _turn_notes(params, sampling, response_id)
+        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden, notes, sampling)
     lps = (
         token_logprobs(profile, result.output_ids, result.logprobs, result.top_logprobs)
         if params.logprobs
@@ -461,9 +499,8 @@ async def stream_chat(
         # A call cut inside its arguments was started in the stream but is no call (content).
         del call_ids[len(parsed.tool_calls) :]
         _check_calls(params, parsed)
-        await _commit(
-            profile, turn, plan, result, parsed, call_ids, response_id, overridden, params.notes, sampling
-        )
+        notes = _turn_notes(params, sampling, response_id)
+        await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden, notes, sampling)
     yield ChatTurn(
         response_id,
         created,

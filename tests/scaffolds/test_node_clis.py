@@ -1,9 +1,12 @@
-"""Claude Code, Codex and opencode scaffolds: install, command line, settings, and their termination tables.
+"""The npm CLI scaffolds (Claude Code, Codex, opencode, qwen-code, pi): install, command line, settings, and
+their termination tables.
 
-The `*_api_error`, `*_turn_failed` and `*_stop` logs in `logs/` are the CLIs' own event streams
-from real runs against `rlgw serve` (Claude Code 2.1.332 on today's 400, Codex 0.171.0 on
-today's 400, opencode 1.18.33 finishing); the other rows are events of the same schema with
-the field that decides the ending changed.
+The `*_api_error`, `*_turn_failed`, `*_context_error` and `*_stop` logs in `logs/` are the CLIs' own
+event streams from real runs (Claude Code 2.1.332 on today's 400, Codex 0.171.0 on today's 400,
+opencode 1.18.33 finishing against `rlgw serve`; qwen-code 0.15.10 and pi 0.73.1 finishing against the
+fixture builder's scripted server, and answered a 400 in OpenAI's context-length wording), cut to
+the events the parsers read; the other rows are events of the same schema with the field that
+decides the ending changed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
 from rlgw.scaffolds.codex import NO_COMPACTION, CodexScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold, json_lines
 from rlgw.scaffolds.opencode import OpencodeScaffold
+from rlgw.scaffolds.pi import PiScaffold
+from rlgw.scaffolds.qwen_code import QwenCodeScaffold
 from rlgw.scaffolds.registry import build_scaffold
 from rlgw.scaffolds.termination import TerminationReason as R
 from tests.support.scaffold_helpers import ctx, log
@@ -36,6 +41,8 @@ def argv_of(sc: NodeCliScaffold, command: str) -> list[str]:
         ("claude-code", "@anthropic-ai/claude-code", "2.1.332", "claude"),
         ("codex", "@openai/codex", "0.171.0", "codex"),
         ("opencode", "opencode-ai", "1.18.33", "opencode"),
+        ("qwen-code", "@qwen-code/qwen-code", "0.15.10", "qwen"),
+        ("pi", "@mariozechner/pi-coding-agent", "0.73.1", "pi"),
     ],
 )
 def test_each_cli_is_a_pinned_npm_package_in_its_own_prefix(name, package, version, binary) -> None:
@@ -117,6 +124,62 @@ def test_opencode_config_has_one_openai_compatible_provider_on_the_session() -> 
     assert sized["provider"]["rlgw"]["models"]["tiny"]["limit"] == {"context": 32768, "output": 0}
 
 
+def test_qwen_code_talks_to_the_session_chat_surface() -> None:
+    sc = QwenCodeScaffold()
+    c = ctx("capture", max_turns=6)
+    assert argv_of(sc, sc.run_command(c)) == [
+        sc.executable, "--output-format", "stream-json", "--approval-mode", "yolo", "--auth-type", "openai",
+        "--max-session-turns", "6", "--model", "tiny",
+    ]  # fmt: skip
+    env = sc.env(c)
+    assert env == {"OPENAI_BASE_URL": "http://gw:8000/s/abc/v1", "OPENAI_API_KEY": "sk-session",
+                   "OPENAI_MODEL": "tiny", "QWEN_HOME": "/rlgw/scaffold/qwen-home"}  # fmt: skip
+    settings = json.loads(sc.install_files(c)["/rlgw/scaffold/qwen-home/settings.json"])
+    assert settings["model"] == {"chatCompression": {"contextPercentageThreshold": 0}}  # 0: never compress
+    assert settings["telemetry"] == {"enabled": False} and settings["general"] == {"disableAutoUpdate": True}
+    assert "model" not in json.loads(sc.install_files(ctx("eval"))["/rlgw/scaffold/qwen-home/settings.json"])
+    capped = sc.env(dataclasses.replace(c, sampling={"max_tokens": 300}))
+    assert capped["QWEN_CODE_MAX_OUTPUT_TOKENS"] == "300"
+
+
+@pytest.mark.parametrize("api", ["openai-completions", "openai-responses", "anthropic-messages"])
+def test_pi_models_json_has_one_provider_on_the_session(api: str) -> None:
+    sc = PiScaffold(api=api)
+    c = ctx("capture")
+    files = sc.install_files(c)
+    provider = json.loads(files["/rlgw/scaffold/pi-agent/models.json"])["providers"]["rlgw"]
+    # Anthropic's SDK appends /v1/messages itself.
+    base = "http://gw:8000/s/abc" if api == "anthropic-messages" else "http://gw:8000/s/abc/v1"
+    assert provider == {"baseUrl": base, "api": api, "apiKey": "RLGW_SESSION_KEY", "models": [{"id": "tiny"}]}
+    assert json.loads(files["/rlgw/scaffold/pi-agent/settings.json"]) == {"compaction": {"enabled": False}}
+    assert json.loads(sc.install_files(ctx("eval"))["/rlgw/scaffold/pi-agent/settings.json"]) == {}
+    assert sc.env(c) == {"PI_CODING_AGENT_DIR": "/rlgw/scaffold/pi-agent", "RLGW_SESSION_KEY": "sk-session",
+                         "PI_OFFLINE": "1", "PI_TELEMETRY": "0"}  # fmt: skip
+    assert argv_of(sc, sc.run_command(c)) == [sc.executable, "-p", "--mode", "json", "--provider", "rlgw",
+                                              "--model", "tiny"]  # fmt: skip
+    sized = PiScaffold(context_window=32768).models(dataclasses.replace(c, sampling={"max_tokens": 512}))
+    assert sized["providers"]["rlgw"]["models"] == [{"id": "tiny", "maxTokens": 512, "contextWindow": 32768}]
+    with pytest.raises(ValueError, match="pi api must be one of"):
+        PiScaffold(api="google-generative-ai")  # type: ignore[arg-type]
+
+
+def qwen_result(**fields) -> str:
+    base = {"type": "result", "subtype": "success", "is_error": False, "num_turns": 2, "result": "Done."}
+    return json.dumps({**base, **fields})
+
+
+def pi_reply(stop: str, error: str = "") -> str:
+    message = {
+        "role": "assistant",
+        "content": [],
+        "stopReason": stop,
+        **({"errorMessage": error} if error else {}),
+    }
+    return "\n".join(
+        json.dumps(e) for e in ({"type": "turn_start"}, {"type": "message_end", "message": message})
+    )
+
+
 def claude_result(**fields) -> str:
     base = {"type": "result", "subtype": "success", "is_error": False, "num_turns": 2,
             "terminal_reason": "completed", "result": "Done."}  # fmt: skip
@@ -166,6 +229,23 @@ CASES = [
     (OpencodeScaffold, opencode_steps("tool-calls") + '\n{"type": "error", "error": {"name": "APIError", '
      '"data": {"message": "prompt is too long"}}}', 1, R.CONTEXT_LENGTH_EXCEEDED, 1),
     (OpencodeScaffold, '{"type": "error", "error": {"name": "UnknownError"}}', 1, R.ERROR, 0),
+    # qwen-code: the final result event (an API failure is a `success` whose text is `[API Error: ...]`).
+    (QwenCodeScaffold, log("qwen_code_stop.jsonl").decode(), 0, R.FINISH, 2),
+    (QwenCodeScaffold, log("qwen_code_api_error.jsonl").decode(), 0, R.CONTEXT_LENGTH_EXCEEDED, 1),
+    (QwenCodeScaffold, qwen_result(result="[API Error: 500 upstream]"), 0, R.ERROR, 2),
+    (QwenCodeScaffold, qwen_result(subtype="error_during_execution", is_error=True,
+                                   error={"message": "Reached max session turns for this session."}), 53,
+     R.MAX_TURNS, 2),
+    (QwenCodeScaffold, qwen_result(subtype="error_during_execution", is_error=True,
+                                   error={"message": "socket hang up"}), 1, R.ERROR, 2),
+    (QwenCodeScaffold, "", 0, R.FINISH, 0),  # no result event: the base rules
+    # pi: the last assistant message's stopReason.
+    (PiScaffold, log("pi_stop.jsonl").decode(), 0, R.FINISH, 2),
+    (PiScaffold, log("pi_context_error.jsonl").decode(), 0, R.CONTEXT_LENGTH_EXCEEDED, 1),
+    (PiScaffold, pi_reply("length"), 0, R.ERROR, 1),
+    (PiScaffold, pi_reply("error", "500 upstream"), 0, R.ERROR, 1),
+    (PiScaffold, pi_reply("aborted"), 1, R.ERROR, 1),
+    (PiScaffold, "", 1, R.ERROR, 0),
 ]  # fmt: skip
 
 

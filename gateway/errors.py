@@ -143,5 +143,15 @@ class StoreUnavailable(APIError):
     code = "store_unavailable"
 
 
+class SessionMoved(APIError):
+    """503: another gateway of a fleet committed turns of this session since this gateway last served
+    it (its copy was stale); nothing was committed for this request, and a retry is served from the
+    shared journal's turns."""
+
+    status = 503
+    type = "session_moved"
+    code = "session_moved"
+
+
 class StartupError(GatewayError):
     """The gateway cannot start: the engine, tokenizer or template is missing or unusable."""

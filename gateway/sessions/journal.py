@@ -263,8 +263,9 @@ class SessionJournal:
             (session_id, orjson.dumps(doc), key_digest),
         )
 
-    async def turn(self, session_id: str, record: dict[str, Any]) -> None:
-        """Record one committed turn of `session_id`."""
+    async def turn(self, session_id: str, record: dict[str, Any], *, index: int | None = None) -> None:
+        """Record one committed turn of `session_id` (`index` is for shared journals: one data dir has
+        one writer, whose copy is never stale)."""
         await self._write(self._append, session_id, orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY))
 
     async def closed(self, session_id: str) -> None:

@@ -30,9 +30,10 @@ from typing import Any
 
 import orjson
 
+from rlgw.gateway.errors import SessionMoved
 from rlgw.gateway.metrics import JOURNAL_WRITE_SECONDS
 from rlgw.gateway.sessions.journal import JournaledSession
-from rlgw.gateway.trajectories.pg_store import PG_SCHEMA, SEARCH_PATH, Link
+from rlgw.gateway.trajectories.pg_store import PG_SCHEMA, SEARCH_PATH, Link, psycopg_module
 
 WRITERS = 4  # connections writing turns at once (one per thread)
 
@@ -47,6 +48,8 @@ CREATE TABLE IF NOT EXISTS turns (
     seq BIGSERIAL PRIMARY KEY, session TEXT NOT NULL, doc BYTEA NOT NULL
 );
 CREATE INDEX IF NOT EXISTS turns_by_session ON turns (session, seq);
+ALTER TABLE turns ADD COLUMN IF NOT EXISTS n INTEGER;
+CREATE UNIQUE INDEX IF NOT EXISTS turns_session_n ON turns (session, n);
 """
 
 
@@ -120,13 +123,23 @@ class PgSessionJournal:
             (session_id, orjson.dumps(doc), key_digest),
         )
 
-    async def turn(self, session_id: str, record: dict[str, Any]) -> None:
-        """Record one committed turn of `session_id` (the file journal's bytes, as they are)."""
+    async def turn(self, session_id: str, record: dict[str, Any], *, index: int | None = None) -> None:
+        """Record one committed turn of `session_id` (the file journal's bytes, as they are).
+
+        `index` is how many turns the writer's copy of the session holds: a row with that index
+        already there means another gateway (or a write whose answer was lost) committed turns this
+        copy lacks, so the copy is stale and `SessionMoved` is raised with nothing written.
+        """
         payload = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY)
         started = time.perf_counter()
         # Not repeated on a lost connection: it may have committed (the agent's retry replaces the turn).
-        insert = "INSERT INTO turns (session, doc) VALUES (%s, %s)"
-        await self._write(insert, (session_id, payload), idempotent=False)
+        insert = "INSERT INTO turns (session, n, doc) VALUES (%s, %s, %s)"
+        try:
+            await self._write(insert, (session_id, index, payload), idempotent=False)
+        except psycopg_module().errors.UniqueViolation as exc:
+            raise SessionMoved(
+                f"session {session_id!r} moved on: another gateway committed its turn {index}; retry"
+            ) from exc
         elapsed = time.perf_counter() - started  # the turn's wait, thread hop and round trip included
         self.write_seconds += elapsed
         self.writes += 1

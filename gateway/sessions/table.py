@@ -50,6 +50,9 @@ class Session:
     # the agent's are recorded in metadata) or "request" (the agent's).
     sampling_precedence: str = "session"
     finishing: bool = False  # finish has started: new turns are refused
+    # A shared journal holds turns this copy lacks (another gateway of the fleet served the session
+    # meanwhile): the table drops the copy and restores the session from the journal on its next call.
+    stale: bool = False
     finished: bool = False
     termination_reason: str | None = None
     turns: int = 0
@@ -205,7 +208,11 @@ class SessionTable:
 
     def get(self, session_id: str, tenant: str | None = None) -> Session:
         """The session, or NotFound (also when it belongs to another tenant)."""
-        s = self._sessions.get(session_id) or self._from_journal(session_id)
+        s = self._sessions.get(session_id)
+        if s is not None and s.stale:
+            self.remove(session_id)
+            s = None
+        s = s or self._from_journal(session_id)
         if s is None or (tenant is not None and s.tenant != tenant):
             raise NotFound(f"no session {session_id!r}", param="session_id")
         return s

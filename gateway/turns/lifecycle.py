@@ -39,7 +39,7 @@ import numpy as np
 
 from rlgw.gateway import metrics
 from rlgw.gateway.engine_client.backend import GenerationResult, new_rid
-from rlgw.gateway.errors import Conflict, ContextLengthExceeded
+from rlgw.gateway.errors import Conflict, ContextLengthExceeded, SessionMoved
 from rlgw.gateway.ledger.ledger import Cause, Policy, Violation, check_sampled, message_digest
 from rlgw.gateway.model.profile import ModelProfile
 from rlgw.gateway.sessions.replay import apply_record
@@ -350,6 +350,11 @@ async def commit(
             },
         )
     if session.journal is not None and ledger is not None:
-        await session.journal.turn(session.id, record)
+        try:
+            # `index`: a shared journal refuses the row if another gateway moved the session on.
+            await session.journal.turn(session.id, record, index=session.turns)
+        except SessionMoved:
+            session.stale = True  # the table serves the next call from the journal's turns
+            raise
     turn.committed, turn.record, turn.committed_at = True, record, time.monotonic()
     turn.generated, turn.surface = len(result.output_ids), plan.surface

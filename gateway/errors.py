@@ -93,6 +93,30 @@ class Conflict(APIError):
     type = "conflict_error"
 
 
+class RolloutStored(Conflict):
+    """409: the rollout's finish is already stored (its runner died before the answer came back).
+
+    The error object carries that finish's summary under `summary`, so the rerun reports the
+    stored result instead of storing the rollout a second time.
+    """
+
+    code = "rollout_stored"
+
+    def __init__(self, rollout_id: str, summary: dict[str, Any]) -> None:
+        super().__init__(
+            f"rollout {rollout_id!r} is already finished and stored (session {summary.get('session_id')}); "
+            "its stored summary is in error.summary",
+            param="rollout_id",
+        )
+        self.summary = summary
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error JSON plus the stored summary."""
+        doc = super().body()
+        doc["error"]["summary"] = self.summary
+        return doc
+
+
 class ClientDisconnected(APIError):
     """499 (nginx's code): the client disconnected; the turn was cancelled and not recorded."""
 

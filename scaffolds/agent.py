@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rlgw.gateway.trajectories.client import FinishSummary, RolloutStoredError
 from rlgw.sandboxes.base import Sandbox, SandboxFileNotFound
 from rlgw.scaffolds.scaffold import InstalledScaffold, LLMEndpoint, Mode, ScaffoldContext, TrajectoryInfo
 from rlgw.scaffolds.tasks import Task, parse_reward
@@ -90,6 +91,9 @@ class RunResult:
     output_tail: str = ""
     duration_s: float = 0.0
     node: str | None = None  # the Ray node id that ran it (None when run in this process)
+    # True when the rollout's finish was already stored (a retry after its worker died before
+    # the answer came back): the result is the stored one and the agent did not run again.
+    recovered: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (for Ray and for reports)."""
@@ -172,21 +176,27 @@ class InstalledAgent:
             result.turns, result.detail = trajectory.turns, trajectory.detail
             self._save_artifacts(result, logs, run.output, frozen)
         except _StageFailed as e:
-            result.failed_stage, result.error = e.stage, str(e)
-            log.warning(
-                "task run failed",
-                extra={"fields": {"task": task.id, "stage": e.stage, "error": str(e),
-                                  "tb": "".join(traceback.format_exception(e.cause))[-2000:]}},
-            )  # fmt: skip
-        result.termination = self.scaffold.termination_reason(
-            infra_error=result.failed_stage is not None,
-            timed_out=timed_out,
-            exit_code=result.exit_code,
-            trajectory=trajectory,
-        )
-        result.status = str(status_for(result.termination))
+            if isinstance(e.cause, RolloutStoredError):
+                # A retry of a run whose finish is stored (its worker died before the answer
+                # came back): report the stored run; running it again would store it twice.
+                _recover(result, e.cause.summary)
+            else:
+                result.failed_stage, result.error = e.stage, str(e)
+                log.warning(
+                    "task run failed",
+                    extra={"fields": {"task": task.id, "stage": e.stage, "error": str(e),
+                                      "tb": "".join(traceback.format_exception(e.cause))[-2000:]}},
+                )  # fmt: skip
+        if not result.recovered:
+            result.termination = self.scaffold.termination_reason(
+                infra_error=result.failed_stage is not None,
+                timed_out=timed_out,
+                exit_code=result.exit_code,
+                trajectory=trajectory,
+            )
+            result.status = str(status_for(result.termination))
         try:
-            if result.session_id is not None:
+            if result.session_id is not None and not result.recovered:
                 await self._finish(result)
         except Exception as e:
             # The samples could not be stored: the run is lost for training, say so and clean up.
@@ -298,15 +308,7 @@ class InstalledAgent:
                 "detail": result.detail[:500] or None,
             },
         )
-        result.trainable_tokens = summary.trainable_tokens
-        result.samples = [
-            {"cursor": s.cursor, "segment": s.segment, "trainable_tokens": s.trainable_tokens,
-             "response_length": s.response_length}
-            for s in summary.samples
-        ]  # fmt: skip
-        result.rejects = [
-            {"segment": r.segment, "reason": r.reason, "detail": r.detail} for r in summary.rejects
-        ]
+        _take_summary(result, summary)
 
     async def _delete_quietly(self, session_id: str | None) -> None:
         if self.gateway is None or session_id is None:
@@ -315,6 +317,28 @@ class InstalledAgent:
             await self.gateway.delete_session(session_id)
         except Exception as e:  # teardown must go on; the gateway reaps idle sessions anyway
             log.warning("session delete failed", extra={"fields": {"session": session_id, "error": str(e)}})
+
+
+def _take_summary(result: RunResult, summary: FinishSummary) -> None:
+    """Copy what the finish stored onto the result."""
+    result.trainable_tokens = summary.trainable_tokens
+    result.samples = [
+        {"cursor": s.cursor, "segment": s.segment, "trainable_tokens": s.trainable_tokens,
+         "response_length": s.response_length}
+        for s in summary.samples
+    ]  # fmt: skip
+    result.rejects = [{"segment": r.segment, "reason": r.reason, "detail": r.detail} for r in summary.rejects]
+
+
+def _recover(result: RunResult, summary: FinishSummary) -> None:
+    """Make `result` the run whose finish the gateway had already stored, from its summary."""
+    _take_summary(result, summary)
+    result.session_id, result.reward, result.status = summary.session_id, summary.reward, summary.status
+    reasons = {str(r): r for r in TerminationReason}
+    result.termination = reasons.get(summary.termination_reason or "")
+    result.detail = f"recovered: the finish of session {summary.session_id} was already stored; not run again"
+    result.recovered = True
+    log.info("task run recovered", extra={"fields": {"task": result.task_id, "session": summary.session_id}})
 
 
 async def _stage(name: str, awaitable: Any) -> Any:

@@ -1,5 +1,8 @@
 """Session routes: open, inspect, finish (validate + store the samples: `finish.py`), delete.
 
+Opening a session for a rollout whose finish is stored is refused (409 `rollout_stored`, with
+that finish's summary): a runner retried after it died past the finish must not store it twice.
+
 Finish and delete answer a retry as they answered the first call, also when the session is gone
 from this gateway (its answer was lost: the gateway that stored it was killed, or the agent
 moved to another gateway): both commit their outcome to the store before they answer.
@@ -14,7 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from rlgw.gateway.errors import InvalidRequest, NotFound
+from rlgw.gateway.errors import InvalidRequest, NotFound, RolloutStored
 from rlgw.gateway.http.errors import json_response
 from rlgw.gateway.ledger.ledger import Policy
 from rlgw.gateway.sample import SampleStatus
@@ -75,6 +78,11 @@ async def create_session(
     if unknown:
         raise InvalidRequest(f"unknown sampling keys {sorted(unknown)}; allowed: {sorted(SAMPLING_KEYS)}")
     state = request.app.state
+    # A rollout whose finish is stored is not run again (a retry of a runner that died after the
+    # finish committed): the caller gets the stored summary, the trainer no second set of samples.
+    if body.rollout_id is not None:
+        if (stored := await state.store.finished_rollout(tenant, body.rollout_id)) is not None:
+            raise RolloutStored(body.rollout_id, stored)
     state.limits.check_session_room(tenant, open_in(state.sessions))
     session, key = state.sessions.create(
         tenant=tenant,

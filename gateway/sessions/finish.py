@@ -135,11 +135,22 @@ async def store_samples(
         "segments": 0,
         "rejects": [],
         "termination_reason": session.termination_reason,
+        # What the finish said, so that a rerun of the rollout refused for it (`rollout_stored`)
+        # can report the run as it ended.
+        "reward": outcome.reward,
+        "status": None if outcome.status is None else str(outcome.status),
     }
     ledger = session.ledger
     if ledger is None:  # eval mode records no samples, only its answer
         await asyncio.shield(
-            store.add_samples(session.tenant, session.id, session.task_id, [], outcome=lambda _: summary)
+            store.add_samples(
+                session.tenant,
+                session.id,
+                session.task_id,
+                [],
+                outcome=lambda _: summary,
+                rollout_id=session.rollout_id,
+            )
         )
         return summary
     metadata = {
@@ -229,6 +240,7 @@ async def store_samples(
             [s for _, s in accepted],
             segments=[i for i, _ in accepted],
             outcome=complete,
+            rollout_id=session.rollout_id,
         )
     )
     return summary

@@ -60,6 +60,15 @@ class GatewayRequestError(GatewayHTTPError):
     """A 4xx answer: fix the request (key, session id, parameters) before retrying."""
 
 
+class RolloutStoredError(GatewayRequestError):
+    """409 `rollout_stored`: the rollout's finish is already stored; `summary` is what it answered."""
+
+    @property
+    def summary(self) -> FinishSummary:
+        """The stored finish's summary (its samples are in the stream already)."""
+        return summary_from((self.body or {})["summary"])
+
+
 class GatewayServerError(GatewayHTTPError):
     """A 5xx answer: the gateway or its engine failed; retrying may help."""
 
@@ -103,6 +112,35 @@ class FinishSummary:
     trainable_tokens: int
     segments: int
     rejects: list[RejectedSegment] = field(default_factory=list)
+    # What the finish said (None from a gateway that predates them in the summary).
+    reward: float | None = None
+    status: str | None = None
+    termination_reason: str | None = None
+
+
+def summary_from(doc: dict[str, Any]) -> FinishSummary:
+    """A finish's JSON answer as a `FinishSummary`."""
+    return FinishSummary(
+        session_id=doc["session_id"],
+        samples=[
+            FinishedSegment(
+                cursor=int(s["cursor"]),
+                segment=int(s["segment"]),
+                trainable_tokens=int(s["trainable_tokens"]),
+                response_length=int(s["response_length"]),
+            )
+            for s in doc.get("samples", [])
+        ],
+        trainable_tokens=int(doc["trainable_tokens"]),
+        segments=int(doc["segments"]),
+        rejects=[
+            RejectedSegment(segment=int(r["segment"]), reason=r["reason"], detail=r.get("detail", ""))
+            for r in doc.get("rejects", [])
+        ],
+        reward=doc.get("reward"),
+        status=doc.get("status"),
+        termination_reason=doc.get("termination_reason"),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +177,8 @@ def _error_from_response(response: httpx.Response, content: bytes) -> GatewayHTT
         pass
     message = (body or {}).get("message") or content.decode(errors="replace")[:500] or response.reason_phrase
     cls = GatewayRequestError if response.status_code < 500 else GatewayServerError
+    if (body or {}).get("code") == "rollout_stored":
+        cls = RolloutStoredError
     return cls(response.status_code, str(message), body, str(response.request.url))
 
 
@@ -188,6 +228,8 @@ class GatewayClient:
     ) -> SessionInfo:
         """Open a session for one task run (`mode`: capture or eval) and get its endpoint.
 
+        Raises `RolloutStoredError` (with the stored summary) if `rollout_id`'s finish is stored.
+
         `sampling_precedence`: "session" (capture's default: `sampling` wins over what the agent
         sends) or "request" (eval's default: the agent's values apply).
         """
@@ -223,24 +265,7 @@ class GatewayClient:
         optional = {"status": status, "termination_reason": termination_reason, "metadata": metadata}
         payload.update({k: v for k, v in optional.items() if v is not None})
         doc = await self._request("POST", f"/v1/sessions/{session_id}/finish", payload)
-        return FinishSummary(
-            session_id=doc["session_id"],
-            samples=[
-                FinishedSegment(
-                    cursor=int(s["cursor"]),
-                    segment=int(s["segment"]),
-                    trainable_tokens=int(s["trainable_tokens"]),
-                    response_length=int(s["response_length"]),
-                )
-                for s in doc.get("samples", [])
-            ],
-            trainable_tokens=int(doc["trainable_tokens"]),
-            segments=int(doc["segments"]),
-            rejects=[
-                RejectedSegment(segment=int(r["segment"]), reason=r["reason"], detail=r.get("detail", ""))
-                for r in doc.get("rejects", [])
-            ],
-        )
+        return summary_from(doc)
 
     async def get_session(self, session_id: str) -> dict[str, Any]:
         """The session's current state, as the gateway reports it."""

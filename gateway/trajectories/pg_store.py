@@ -86,6 +86,8 @@ CREATE INDEX IF NOT EXISTS samples_by_reward ON samples (tenant, reward);
 CREATE TABLE IF NOT EXISTS outcomes (
     session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, doc BYTEA NOT NULL
 );
+ALTER TABLE outcomes ADD COLUMN IF NOT EXISTS rollout_id TEXT;
+CREATE INDEX IF NOT EXISTS outcomes_by_rollout ON outcomes (tenant, rollout_id);
 """
 
 _INSERT = (
@@ -193,8 +195,8 @@ def insert_finishes(conn: Any, batch: list[Finish]) -> list[list[int] | BaseExce
                     cur.executemany(_INSERT, [(c, *row) for c, row in zip(cursors, rows, strict=True)])
                 if outcome is not None:
                     conn.execute(
-                        "INSERT INTO outcomes (session_id, tenant, doc) VALUES (%s, %s, %s)",
-                        (outcome.session_id, outcome.tenant, outcome.doc(cursors)),
+                        "INSERT INTO outcomes (session_id, tenant, doc, rollout_id) VALUES (%s, %s, %s, %s)",
+                        (outcome.session_id, outcome.tenant, outcome.doc(cursors), outcome.rollout_id),
                     )
         except Exception as exc:
             if conn.broken:

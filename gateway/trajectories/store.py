@@ -77,6 +77,9 @@ CREATE INDEX IF NOT EXISTS samples_by_tenant ON samples (tenant, cursor);
 CREATE INDEX IF NOT EXISTS samples_by_session ON samples (session_id);
 CREATE TABLE IF NOT EXISTS outcomes (session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, doc BLOB NOT NULL);
 """
+# A finish's outcome carries its rollout id, so that a rerun of a rollout whose finish is stored (its
+# worker died before the answer came back) is refused; a delete's has none. Added after the table.
+_OUTCOME_ROLLOUTS = "CREATE INDEX IF NOT EXISTS outcomes_by_rollout ON outcomes (tenant, rollout_id)"
 
 _INSERT = (
     "INSERT INTO samples (tenant, session_id, task_id, segment, created_at, rollout_id, group_index, status, "
@@ -106,6 +109,7 @@ class StoredOutcome:
     tenant: str
     session_id: str
     build: OutcomeFn
+    rollout_id: str | None = None
 
     def doc(self, cursors: list[int]) -> bytes:
         """The answer as stored (JSON)."""
@@ -372,6 +376,7 @@ class GroupCommitStore(abc.ABC):
         *,
         segments: list[int] | None = None,
         outcome: OutcomeFn | None = None,
+        rollout_id: str | None = None,
     ) -> list[int]:
         """Store the segments of one finished session all or nothing.
 
@@ -379,6 +384,7 @@ class GroupCommitStore(abc.ABC):
         pass it when some segments were rejected, so the stored index matches the ledger's.
         `outcome(cursors)`, if given, is the finish's answer, stored in the same transaction (also
         when there are no samples) and returned by `outcome` from then on; a session has one.
+        `rollout_id`, given with a finish's outcome, makes it `finished_rollout`'s answer too.
         Returns the cursors, in order, once the transaction is durable on disk.
         """
         if self._readonly:
@@ -399,7 +405,7 @@ class GroupCommitStore(abc.ABC):
             ]
         )
         future: Future[list[int]] = Future()
-        stored = None if outcome is None else StoredOutcome(tenant, session_id, outcome)
+        stored = None if outcome is None else StoredOutcome(tenant, session_id, outcome, rollout_id)
         self._pending.put((rows, stored, future))
         self._write_pool.submit(self._commit_pending)
         cursors = await asyncio.wrap_future(future)
@@ -505,6 +511,17 @@ class GroupCommitStore(abc.ABC):
         )
         return orjson.loads(rows[0][0]) if rows else None
 
+    async def finished_rollout(self, tenant: str, rollout_id: str) -> dict[str, Any] | None:
+        """`finished_rollout_sync` on the reader thread."""
+        return await self._read(self.finished_rollout_sync, tenant, rollout_id)
+
+    def finished_rollout_sync(self, tenant: str, rollout_id: str) -> dict[str, Any] | None:
+        """The finish summary stored for the tenant's rollout `rollout_id`, if its finish was committed."""
+        rows = self._query(
+            "SELECT doc FROM outcomes WHERE tenant = ? AND rollout_id = ? LIMIT 1", (tenant, rollout_id)
+        )
+        return orjson.loads(rows[0][0]) if rows else None
+
     def _repoll_s(self) -> float | None:
         """How long a waiter sleeps before reading again without a wake-up (None: until woken or done)."""
         return None
@@ -572,6 +589,9 @@ class TrajectoryStore(GroupCommitStore):
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     conn.execute(stmt)
+            if "rollout_id" not in {r[1] for r in conn.execute("PRAGMA table_info(outcomes)")}:
+                conn.execute("ALTER TABLE outcomes ADD COLUMN rollout_id TEXT")  # a store from before it
+            conn.execute(_OUTCOME_ROLLOUTS)
             conn.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
@@ -608,8 +628,8 @@ class TrajectoryStore(GroupCommitStore):
                     cursors = [conn.execute(_INSERT, row).lastrowid for row in rows]
                     if outcome is not None:
                         conn.execute(
-                            "INSERT INTO outcomes (session_id, tenant, doc) VALUES (?, ?, ?)",
-                            (outcome.session_id, outcome.tenant, outcome.doc(cursors)),
+                            "INSERT INTO outcomes (session_id, tenant, doc, rollout_id) VALUES (?, ?, ?, ?)",
+                            (outcome.session_id, outcome.tenant, outcome.doc(cursors), outcome.rollout_id),
                         )
                     outcomes.append(cursors)
                 except Exception as exc:

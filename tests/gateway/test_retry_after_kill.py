@@ -30,7 +30,7 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path):
 
 
 def _open(gw: Gateway, task: str) -> dict:
-    r = httpx.post(gw.url + "/v1/sessions", json={"task_id": task})
+    r = httpx.post(gw.url + "/v1/sessions", json={"task_id": task, "rollout_id": f"r-{task}"})
     r.raise_for_status()
     return r.json()
 
@@ -88,6 +88,15 @@ def test_finish_and_delete_retried_after_a_kill_between_store_and_answer(fe: Fau
         assert late.status_code == 404
         assert httpx.delete(third.url + f"/v1/sessions/{dropped['session_id']}").status_code == 200
         assert httpx.post(third.url + "/v1/sessions/s-never/finish", json=fin).status_code == 404
+        # The runner that lost the finish's answer is retried with the same rollout id (Ray's retry
+        # of a dead worker): no new session, the stored summary instead. A deleted rollout stored
+        # nothing, so it may run again.
+        rerun = httpx.post(third.url + "/v1/sessions", json={"task_id": "kept", "rollout_id": "r-kept"})
+        assert rerun.status_code == 409, rerun.text
+        error = rerun.json()["error"]
+        assert error["code"] == "rollout_stored" and error["param"] == "rollout_id"
+        assert error["summary"] == summary and summary["reward"] == 1.0
+        assert _open(third, "dropped")["rollout_id"] == "r-dropped"
         stored = _samples(third)
         assert [s["cursor"] for s in stored] == [summary["samples"][0]["cursor"]]  # stored once
         assert stored[0]["session_id"] == kept["session_id"]

@@ -196,6 +196,38 @@ async def test_an_outcome_commits_with_its_samples_once_per_session_and_per_tena
     assert len(await store.list("t")) == 1
 
 
+async def test_a_finished_rollout_is_found_by_its_id_per_tenant(store: Store) -> None:
+    rng = np.random.default_rng(9)
+    cursors = await store.add_samples(
+        "t", "s-1", "task", [make_sample(rng)], outcome=lambda cs: {"cursors": cs}, rollout_id="r-1"
+    )
+    await store.add_samples("t", "s-2", "task", [], outcome=lambda _: {"eval": True}, rollout_id="r-2")
+    await store.add_samples(
+        "t", "s-3", "task", [], outcome=lambda _: {"deleted": True}
+    )  # a delete: no rollout
+    assert await store.finished_rollout("t", "r-1") == {"cursors": cursors}
+    assert await store.finished_rollout("t", "r-2") == {"eval": True}  # no samples, still finished
+    assert await store.finished_rollout("other", "r-1") is None
+    assert await store.finished_rollout("t", "r-3") is None
+
+
+def test_a_store_from_before_rollout_ids_gains_the_column(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / DB_NAME)
+    db.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('schema_version', '1');"
+        "CREATE TABLE outcomes (session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, doc BLOB NOT NULL);"
+        """INSERT INTO outcomes VALUES ('s-old', 't', '{"old": true}');"""
+    )
+    db.close()
+    store = TrajectoryStore.open(tmp_path)
+    try:
+        assert store.outcome_sync("t", "s-old") == {"old": True}
+        assert store.finished_rollout_sync("t", "r-old") is None
+    finally:
+        store.close_sync()
+
+
 def test_refuses_foreign_or_future_files(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="no trajectory store"):
         TrajectoryStore.open_readonly(tmp_path)

@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from rlgw.gateway.errors import RolloutStored
+from rlgw.gateway.trajectories.client import RolloutStoredError
 from rlgw.sandboxes.base import SandboxCommandError
 from rlgw.sandboxes.local import LocalSandbox
 from rlgw.scaffolds.agent import AgentConfig, InstalledAgent
@@ -43,6 +45,9 @@ class RecordingGateway:
         self.calls.append(("create", kw))
         if self.fail_on == "create":
             raise ConnectionError("gateway down")
+        if self.fail_on == "stored":  # the gateway's own 409 for a rollout whose finish is stored
+            error = RolloutStored(kw["rollout_id"], STORED).body()["error"]
+            raise RolloutStoredError(409, error["message"], error, "http://gw/v1/sessions")
         return SimpleNamespace(session_id="s-1", base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="k",
                                mode=kw["mode"], rollout_id=kw["rollout_id"])  # fmt: skip
 
@@ -54,6 +59,18 @@ class RecordingGateway:
 
     async def delete_session(self, session_id: str) -> None:
         self.calls.append(("delete", session_id))
+
+
+STORED = {
+    "session_id": "s-0",
+    "samples": [{"cursor": 7, "segment": 0, "conversation": 0, "trainable_tokens": 5, "response_length": 9}],
+    "trainable_tokens": 5,
+    "segments": 1,
+    "rejects": [],
+    "termination_reason": "finish",
+    "reward": 0.75,
+    "status": "completed",
+}
 
 
 class FaultySandbox(LocalSandbox):
@@ -177,6 +194,21 @@ async def test_agent_timeout_is_classified_and_torn_down(tmp_path: Path) -> None
     agent.scaffold = slow
     result = await agent.run(TASK)
     assert result.termination is R.TIMEOUT and result.status == "aborted" and result.reward == 0.75
+    assert all(s.stopped for s in FaultySandbox.made)
+
+
+async def test_a_rollout_whose_finish_is_stored_comes_back_stored_without_running(tmp_path: Path) -> None:
+    # A Ray retry of a worker that died after the gateway stored the finish: same rollout id.
+    gw = RecordingGateway(fail_on="stored")
+    agent = make_agent(tmp_path, gw)
+    agent.scaffold.run_command = lambda ctx: pytest.fail("the agent ran again")  # type: ignore[method-assign]
+    result = await agent.run(TASK, rollout_id="r-1")
+    assert result.recovered and result.failed_stage is None and result.error is None
+    assert (result.session_id, result.reward, result.status) == ("s-0", 0.75, "completed")
+    assert result.termination is R.FINISH and "already stored" in result.detail
+    assert result.samples == [{"cursor": 7, "segment": 0, "trainable_tokens": 5, "response_length": 9}]
+    assert result.trainable_tokens == 5
+    assert [c[0] for c in gw.calls] == ["create"]  # no finish, no delete: nothing stored twice
     assert all(s.stopped for s in FaultySandbox.made)
 
 

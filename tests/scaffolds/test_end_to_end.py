@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import httpx
+import orjson
 import pytest
 
 from rlgw.gateway.sample import validate_sample
@@ -62,6 +64,19 @@ async def test_capture_stores_a_valid_sample_with_reward_and_reason(gateway_url:
         assert sample.reward == 0.5 and sample.rollout_id == "e2e-1"
         assert str(sample.status) == result.status
         assert sample.metadata.get("termination_reason") == str(result.termination)
+
+        # Run again with the same rollout id (Ray's retry of a worker that died after the finish was
+        # stored): the stored result comes back, the agent does not run, nothing is stored twice.
+        again = await agent(client, "capture").run(TASK, rollout_id="e2e-1")
+        assert again.recovered and again.failed_stage is None, again.error
+        assert (again.session_id, again.samples) == (result.session_id, result.samples)
+        assert (again.reward, again.status, again.termination) == (0.5, result.status, result.termination)
+        async with httpx.AsyncClient() as http:
+            page = await http.get(gateway_url + "/v1/trajectories", params={"limit": 1000, "wait": 0})
+        stream = [orjson.loads(line) for line in page.raise_for_status().content.splitlines()]
+        assert [d["cursor"] for d in stream if d["rollout_id"] == "e2e-1"] == [
+            s["cursor"] for s in result.samples
+        ]
 
 
 @pytest.mark.slow

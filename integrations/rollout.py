@@ -18,7 +18,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rlgw.gateway.trajectories.client import GatewayClient, RejectedSegment, SessionInfo, StoredTrajectory
+from rlgw.gateway.trajectories.client import (
+    GatewayClient,
+    RejectedSegment,
+    RolloutStoredError,
+    SessionInfo,
+    StoredTrajectory,
+)
 
 if TYPE_CHECKING:
     from rlgw.sandboxes.factory import SandboxSpec
@@ -134,19 +140,25 @@ class AgentRunner:
     """Runs an `AgentFunction` (yours, or `ChatLoop`) in a capture session, then finishes it.
 
     If the agent raises, the session is finished as failed with reward 0.0 and the error in its
-    metadata, and the outcome names the error.
+    metadata, and the outcome names the error. A request whose rollout id already has a stored
+    finish (a trainer's retry after a lost answer) gets that finish's outcome; the agent does not run.
     """
 
     agent: AgentFunction
 
     async def __call__(self, gw: GatewayClient, request: TaskRequest) -> RunOutcome:
-        session = await gw.create_session(
-            request.task_id,
-            rollout_id=request.rollout_id,
-            group_index=request.group_index,
-            metadata=request.metadata or None,
-            sampling=request.sampling or None,
-        )
+        try:
+            session = await gw.create_session(
+                request.task_id,
+                rollout_id=request.rollout_id,
+                group_index=request.group_index,
+                metadata=request.metadata or None,
+                sampling=request.sampling or None,
+            )
+        except RolloutStoredError as stored:
+            s = stored.summary
+            cursors = [x.cursor for x in s.samples]
+            return RunOutcome(s.session_id, cursors, s.reward, s.termination_reason, None, s.rejects)
         try:
             reward = await self.agent(session, request)
         except Exception as exc:

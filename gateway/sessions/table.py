@@ -17,6 +17,7 @@ from typing import Any
 
 from rlgw.gateway.errors import Conflict, NotFound
 from rlgw.gateway.ledger.ledger import Ledger, Policy
+from rlgw.gateway.ledger.record import TurnRecord
 from rlgw.gateway.sessions.journal import JournaledSession, SessionJournal
 from rlgw.gateway.sessions.replay import apply_record
 from rlgw.gateway.tenancy.tenants import KeyTable, key_digest
@@ -178,7 +179,7 @@ class SessionTable:
             journal=self.journal,
         )
         for record in saved.turns:
-            apply_record(session, record)
+            apply_record(session, TurnRecord.from_journal(record))
             session.turns += 1
         self._hold(session, saved.key_digest)
         return session

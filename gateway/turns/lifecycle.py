@@ -40,7 +40,8 @@ import numpy as np
 from rlgw.gateway import metrics
 from rlgw.gateway.engine_client.backend import GenerationResult, new_rid
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded, SessionMoved
-from rlgw.gateway.ledger.ledger import Cause, Policy, Violation, check_sampled, message_digest
+from rlgw.gateway.ledger.ledger import Cause, Policy, TurnCommit, Violation, check_sampled, message_digest
+from rlgw.gateway.ledger.record import TurnRecord
 from rlgw.gateway.model.profile import ModelProfile
 from rlgw.gateway.sessions.replay import apply_record
 from rlgw.gateway.sessions.table import Session
@@ -97,7 +98,7 @@ class Turn:
     rid: str
     arrived: float
     committed: bool = False
-    record: dict[str, Any] | None = None
+    record: TurnRecord | None = None
     committed_at: float = 0.0
     generated: int = 0  # sampled ids, counted against the tenant when the turn settles
     surface: str = "chat"
@@ -200,11 +201,10 @@ def _settle(turn: Turn) -> None:
             if session.ledger is not None:
                 session.ledger.invalidate("internal error: a committed turn could not be applied")
             return
-        if "commit" in record:
-            spec = record["commit"]
-            metrics.turn_recorded(len(spec["prompt_ids"]) + turn.generated, turn.generated)
-            if record.get("segment") is not None:
-                metrics.SEGMENTS.labels(record["segment"][0]).inc()
+        if record.commit is not None:
+            metrics.turn_recorded(len(record.commit.prompt_ids) + turn.generated, turn.generated)
+            if record.segment is not None:
+                metrics.SEGMENTS.labels(record.segment[0]).inc()
     finally:
         session.lock.release()
 
@@ -279,21 +279,24 @@ def engine_sampling(
     return sp, overridden
 
 
+@dataclass(slots=True)
+class Outcome:
+    """What a surface's turn code made of a generation, for the record: the id it answered
+    with, the calls it minted, the text and parse errors, and the sampling it ran with."""
+
+    response_id: str
+    content: str
+    overridden: dict[str, Any]  # what the agent asked for that the session's sampling overrode
+    sampling: dict[str, Any] | None = None  # what the engine ran with (its temperature is noted)
+    call_ids: list[str] = field(default_factory=list)
+    calls: tuple[tuple[str, str], ...] = ()  # (name, canonical arguments) per minted call
+    parse_errors: list[dict[str, Any]] = field(default_factory=list)
+    notes: dict[str, list[Any]] = field(default_factory=dict)  # for the sample's metadata
+    end_of_turn_id: int | None = None  # the template's (None: a completions series has none)
+
+
 async def commit(
-    profile: ModelProfile,
-    turn: Turn,
-    plan: Plan,
-    result: GenerationResult,
-    *,
-    response_id: str,
-    call_ids: list[str],
-    calls: tuple[tuple[str, str], ...],
-    content: str,
-    parse_errors: list[dict[str, Any]],
-    overridden: dict[str, Any],
-    end_of_turn_id: int | None,
-    notes: dict[str, list[Any]] | None = None,
-    sampling: dict[str, Any] | None = None,
+    profile: ModelProfile, turn: Turn, plan: Plan, result: GenerationResult, outcome: Outcome
 ) -> None:
     """Journal the finished turn; it is applied (the plan's segment change and the generation)
     when it settles (`turn_scope`).
@@ -303,56 +306,55 @@ async def commit(
     `context_length_exceeded` (a refused request never does). The turn counts as closed only
     when its last sampled id is the template's end-of-turn token: a turn cut by length, a stop
     string or another EOS gets the template's closing in the next increment, as a full render has it.
-    `sampling` is what the engine ran with; its temperature goes to the sample's `turn_temperature`.
+    `outcome.sampling` is what the engine ran with; its temperature goes to the sample's
+    `turn_temperature`.
     """
     session = turn.session
     ledger = session.ledger
-    record: dict[str, Any] = {
-        "invalidate": plan.invalidate,
-        "context_exhausted": result.finish_type == "length"
+    record = TurnRecord(
+        version=result.weight_version,
+        invalidate=plan.invalidate,
+        context_exhausted=result.finish_type == "length"
         and len(plan.input_ids) + len(result.output_ids) >= profile.context_length,
-        "version": result.weight_version,
-    }
+    )
     if plan.recorded and ledger is not None and ledger.capturing:
         check_sampled(result.output_ids, result.logprobs)  # what applying would refuse, refused now
-        record.update(
-            conversation=plan.conversation,
-            parent=plan.parent,
-            segment=plan.segment,
-            replace=plan.replace_last,
-            echo_matches=plan.echo_matches,
-            echo_edits=plan.echo_edits,
-            overridden=overridden,
-            notes=notes or {},
-            # The temperature the engine sampled (and scaled the logprobs) at: a trainer divides its
-            # logits by it to compute the same logprobs (`turn_temperature` in the sample's metadata).
-            temperature=None if sampling is None else float(sampling.get("temperature", 1.0)),
-            commit={
-                # Their digests, not the messages: all the ledger keeps of them (and a smaller row).
-                "new_messages": None,
-                "records": new_records(plan),
-                "prompt_ids": plan.increment,
-                "output_ids": result.output_ids,
-                "logprobs": result.logprobs,
-                "version_spans": result.version_spans,
-                "response_id": response_id,
-                "tool_call_ids": call_ids,
-                "content": content,
-                "rid": result.rid,
-                "finish_type": result.finish_type,
-                "ended_with_stop_token": bool(result.output_ids) and result.output_ids[-1] == end_of_turn_id,
-                "parse_errors": parse_errors,
-                "agent_text": plan.agent_text,
-                "surface": plan.surface,
-                "tools": plan.tools,
-                "calls": calls,
-                "history": plan.history,
-            },
+        out = result.output_ids
+        record.conversation, record.parent, record.segment = plan.conversation, plan.parent, plan.segment
+        record.replace, record.echo_matches, record.echo_edits = (
+            plan.replace_last,
+            plan.echo_matches,
+            plan.echo_edits,
+        )
+        record.overridden, record.notes = outcome.overridden, outcome.notes
+        # The temperature the engine sampled (and scaled the logprobs) at: a trainer divides its
+        # logits by it to compute the same logprobs (`turn_temperature` in the sample's metadata).
+        sampling = outcome.sampling
+        record.temperature = None if sampling is None else float(sampling.get("temperature", 1.0))
+        record.commit = TurnCommit(
+            new_messages=None,  # their digests (`records`): all the ledger keeps of them
+            records=new_records(plan),
+            prompt_ids=plan.increment,
+            output_ids=out,
+            logprobs=result.logprobs,
+            version_spans=result.version_spans,
+            response_id=outcome.response_id,
+            tool_call_ids=tuple(outcome.call_ids),
+            content=outcome.content,
+            rid=result.rid,
+            finish_type=result.finish_type,
+            ended_with_stop_token=bool(out) and out[-1] == outcome.end_of_turn_id,
+            parse_errors=outcome.parse_errors,
+            agent_text=plan.agent_text,
+            surface=plan.surface,
+            tools=plan.tools,
+            calls=outcome.calls,
+            history=plan.history,
         )
     if session.journal is not None and ledger is not None:
         try:
             # `index`: a shared journal refuses the row if another gateway moved the session on.
-            await session.journal.turn(session.id, record, index=session.turns)
+            await session.journal.turn(session.id, record.to_journal(), index=session.turns)
         except SessionMoved:
             session.stale = True  # the table serves the next call from the journal's turns
             raise

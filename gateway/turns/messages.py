@@ -37,6 +37,7 @@ from rlgw.gateway.parsing.output_parser import OutputParser, ParsedOutput, Parse
 from rlgw.gateway.parsing.tool_choice_grammar import CONSTRAINED_NOTE, tool_choice_grammar
 from rlgw.gateway.sessions.table import Session
 from rlgw.gateway.turns.lifecycle import (
+    Outcome,
     Plan,
     Turn,
     commit,
@@ -334,21 +335,18 @@ async def _commit(
     notes: dict[str, list[Any]],
     sampling: dict[str, Any],
 ) -> None:
-    await commit(
-        profile,
-        turn,
-        plan,
-        result,
+    outcome = Outcome(
         response_id=response_id,
+        content=parsed.content,
+        overridden=overridden,
+        sampling=sampling,
         call_ids=call_ids,
         calls=tuple((c.name, canonical_arguments(c.arguments)) for c in parsed.tool_calls),
-        content=parsed.content,
         parse_errors=[{"kind": e.kind, "detail": e.detail, "raw": e.raw} for e in parsed.errors],
-        overridden=overridden,
         notes=notes,
         end_of_turn_id=profile.renderer.end_of_turn_id,
-        sampling=sampling,
     )
+    await commit(profile, turn, plan, result, outcome)
 
 
 class _WhileGenerating:

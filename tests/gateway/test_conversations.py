@@ -17,6 +17,7 @@ import pytest
 
 from rlgw.gateway.errors import InvalidRequest
 from rlgw.gateway.ledger.ledger import Cause, Ledger, Policy, Violation
+from rlgw.gateway.ledger.record import TurnRecord
 from rlgw.gateway.sessions.replay import apply_record
 from rlgw.gateway.sessions.table import Mode, Session
 from rlgw.gateway.turns.messages import conversation_event
@@ -138,10 +139,10 @@ def _session() -> Session:
 
 def test_replayed_records_rebuild_the_conversations_and_old_records_still_apply() -> None:
     s = _session()
-    apply_record(s, _record(0, None, [10]))
-    apply_record(s, _record(1, ["new_conversation", "d"], [20], parent=0))
-    apply_record(s, _record(0, None, [11]))
-    apply_record(s, _record(1, None, [21]))
+    apply_record(s, TurnRecord.from_journal(_record(0, None, [10])))
+    apply_record(s, TurnRecord.from_journal(_record(1, ["new_conversation", "d"], [20], parent=0)))
+    apply_record(s, TurnRecord.from_journal(_record(0, None, [11])))
+    apply_record(s, TurnRecord.from_journal(_record(1, None, [21])))
     assert [(c.parent, c.segments) for c in s.ledger.conversations] == [(None, [0]), (0, [1])]
     assert [s.ledger.segments[0].ids.tolist(), s.ledger.segments[1].ids.tolist()] == [
         [1, 10, 1, 11],
@@ -149,6 +150,6 @@ def test_replayed_records_rebuild_the_conversations_and_old_records_still_apply(
     ]
     # A journal written before conversations: no `conversation` key, one line of segments.
     old = _session()
-    apply_record(old, _record(None, None, [10]))
-    apply_record(old, _record(None, ["truncation", "d"], [11]))
+    apply_record(old, TurnRecord.from_journal(_record(None, None, [10])))
+    apply_record(old, TurnRecord.from_journal(_record(None, ["truncation", "d"], [11])))
     assert len(old.ledger.conversations) == 1 and old.ledger.conversations[0].segments == [0, 1]

@@ -20,6 +20,7 @@ from transformers import AutoTokenizer
 from rlgw.gateway.engine_client.backend import GenerationResult
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded
 from rlgw.gateway.ledger.ledger import Cause, Ledger, Policy, Violation, history_print
+from rlgw.gateway.ledger.record import TurnRecord
 from rlgw.gateway.metrics import REGISTRY
 from rlgw.gateway.model.profile import ModelProfile
 from rlgw.gateway.model.render import ChatRenderer
@@ -27,6 +28,7 @@ from rlgw.gateway.sessions.journal import SessionJournal
 from rlgw.gateway.sessions.replay import apply_record
 from rlgw.gateway.sessions.table import Mode, Session
 from rlgw.gateway.turns.lifecycle import (
+    Outcome,
     Plan,
     Turn,
     commit,
@@ -230,19 +232,15 @@ async def _commit(
     call_ids: tuple[str, ...] = (),
 ) -> Turn:
     async with turn_scope(sess) as turn:
-        await commit(
-            profile,
-            turn,
-            plan,
-            result,
+        outcome = Outcome(
             response_id="chatcmpl-" + result.rid,
+            content="4",
+            overridden=overridden or {},
             call_ids=list(call_ids),
             calls=calls,
-            content="4",
-            parse_errors=[],
-            overridden=overridden or {},
             end_of_turn_id=eot,
         )
+        await commit(profile, turn, plan, result, outcome)
     return turn
 
 
@@ -415,7 +413,7 @@ async def test_the_journal_replays_to_the_same_ledger(
     assert rows is not None and len(rows.turns) == 3
     replayed = _session(ledger=Ledger())
     for record in rows.turns:
-        apply_record(replayed, record)
+        apply_record(replayed, TurnRecord.from_journal(record))
     for live, again in zip(sess.ledger.segments, replayed.ledger.segments, strict=True):
         assert (live.cause, live.detail, live.notes, live.versions) == (
             again.cause,

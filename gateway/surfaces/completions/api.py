@@ -29,7 +29,7 @@ from rlgw.gateway.parsing.detokenize import IncrementalDetokenizer, StopTrimmer
 from rlgw.gateway.serving.flow import Surface
 from rlgw.gateway.serving.routing import EVENT_HEADER
 from rlgw.gateway.sessions.table import Session
-from rlgw.gateway.turns.lifecycle import Plan, Turn, commit, decide, engine_sampling, turn_scope
+from rlgw.gateway.turns.lifecycle import Outcome, Plan, Turn, commit, decide, engine_sampling, turn_scope
 from rlgw.gateway.turns.messages import token_logprobs
 
 router = APIRouter()
@@ -201,20 +201,11 @@ class CompletionCall:
     ) -> None:
         """Commit the turn: the prompt's extension and the sampled ids."""
         plan.agent_text += text
-        await commit(
-            profile,
-            turn,
-            plan,
-            result,
-            response_id=self.response_id,
-            call_ids=[],
-            calls=(),
-            content=text,
-            parse_errors=[],
-            overridden=overridden,
-            end_of_turn_id=None,  # no chat template continues a completions series
-            sampling=sampling,
+        # No chat template continues a completions series: no end-of-turn id, no calls.
+        outcome = Outcome(
+            response_id=self.response_id, content=text, overridden=overridden, sampling=sampling
         )
+        await commit(profile, turn, plan, result, outcome)
 
 
 def _usage(plan: Plan, result: GenerationResult) -> dict[str, int]:

@@ -27,6 +27,25 @@ _VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
 _COLUMN = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")
 _ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
 _GATED = "mlp.linear_fc1.weight"
+# Per-layer tensors that only change name (HF suffix, Megatron suffix); Qwen3's q/k norms only where present.
+_RENAMED = (
+    ("input_layernorm.weight", "input_layernorm.weight"),
+    ("self_attn.o_proj.weight", "self_attention.linear_proj.weight"),
+    ("self_attn.q_norm.weight", "self_attention.q_layernorm.weight"),
+    ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight"),
+    ("post_attention_layernorm.weight", "pre_mlp_layernorm.weight"),
+    ("mlp.down_proj.weight", "mlp.linear_fc2.weight"),
+)
+_OPTIONAL = frozenset({"self_attn.q_norm.weight", "self_attention.q_layernorm.weight",
+                       "self_attn.k_norm.weight", "self_attention.k_layernorm.weight"})  # fmt: skip
+
+
+def _rename(out: dict[str, Tensor], state: dict[str, Tensor], src: str, dst: str, pairs: Any) -> None:
+    """Copy layer `src`'s renamed tensors into `out` under prefix `dst` (`pairs`: (from, to) suffixes)."""
+    for a, b in pairs:
+        if a in _OPTIONAL and src + a not in state:
+            continue
+        out[dst + b] = state[src + a]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +104,8 @@ def hf_to_megatron(hf: dict[str, Any], state: dict[str, Tensor]) -> dict[str, Te
             kb = state[h + "self_attn.k_proj.bias"].view(groups, d)
             vb = state[h + "self_attn.v_proj.bias"].view(groups, d)
             out[m + "self_attention.linear_qkv.bias"] = torch.cat([qb, kb, vb], 1).reshape(-1)
-        out[m + "input_layernorm.weight"] = state[h + "input_layernorm.weight"]
-        out[m + "self_attention.linear_proj.weight"] = state[h + "self_attn.o_proj.weight"]
-        if h + "self_attn.q_norm.weight" in state:
-            out[m + "self_attention.q_layernorm.weight"] = state[h + "self_attn.q_norm.weight"]
-            out[m + "self_attention.k_layernorm.weight"] = state[h + "self_attn.k_norm.weight"]
-        out[m + "pre_mlp_layernorm.weight"] = state[h + "post_attention_layernorm.weight"]
+        _rename(out, state, h, m, _RENAMED)
         out[m + _GATED] = torch.cat([state[h + "mlp.gate_proj.weight"], state[h + "mlp.up_proj.weight"]], 0)
-        out[m + "mlp.linear_fc2.weight"] = state[h + "mlp.down_proj.weight"]
     return out
 
 
@@ -115,15 +128,9 @@ def megatron_to_hf(hf: dict[str, Any], state: dict[str, Tensor]) -> dict[str, Te
             out[h + "self_attn.q_proj.bias"] = b[:, : per * d].reshape(-1)
             out[h + "self_attn.k_proj.bias"] = b[:, per * d : (per + 1) * d].reshape(-1)
             out[h + "self_attn.v_proj.bias"] = b[:, (per + 1) * d :].reshape(-1)
-        out[h + "input_layernorm.weight"] = state[m + "input_layernorm.weight"]
-        out[h + "self_attn.o_proj.weight"] = state[m + "self_attention.linear_proj.weight"]
-        if m + "self_attention.q_layernorm.weight" in state:
-            out[h + "self_attn.q_norm.weight"] = state[m + "self_attention.q_layernorm.weight"]
-            out[h + "self_attn.k_norm.weight"] = state[m + "self_attention.k_layernorm.weight"]
-        out[h + "post_attention_layernorm.weight"] = state[m + "pre_mlp_layernorm.weight"]
+        _rename(out, state, m, h, [(b, a) for a, b in _RENAMED])
         gate, up = state[m + _GATED].chunk(2, 0)
         out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate, up
-        out[h + "mlp.down_proj.weight"] = state[m + "mlp.linear_fc2.weight"]
     return out
 
 

@@ -105,8 +105,8 @@ async def create_session(
     if state.sessions.journal is not None and state.sessions.journal.shared:
         # A fleet's balancer picks a session's gateway by the id this one just minted, so another
         # gateway may serve it. Keep no copy here: a copy this gateway never sees the turns of goes
-        # stale, and it would serve from it if the session ever came here (its gateway dies and
-        # the hash ring picks this one). Whichever gateway serves it restores it from the journal.
+        # stale; its first turn here would be generated, then refused at commit (`session_moved`)
+        # and generated again. Whichever gateway serves it restores it from the journal.
         # So the open-session cap, which counts what this gateway holds, does not apply here.
         state.sessions.remove(session.id)
     else:

@@ -1,7 +1,8 @@
-"""Shared fixtures: paths of the committed test models, and GPU skipping."""
+"""Shared fixtures: paths of the committed test models; GPU and long-tier skipping."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,12 @@ pytest_plugins = ["tests.support.postgres"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `gpu`-marked tests where no CUDA device exists."""
+    """Skip `long`-marked tests unless `RLGW_LONG=1`, and `gpu`-marked ones where no CUDA device exists."""
+    if os.environ.get("RLGW_LONG") != "1":
+        skip_long = pytest.mark.skip(reason="a long tier: set RLGW_LONG=1 to run it")
+        for item in items:
+            if "long" in item.keywords:
+                item.add_marker(skip_long)
     try:
         import torch
 

@@ -11,6 +11,7 @@ template or a token it did not read from the store. It knows nothing about any t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import traceback
 import weakref
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rlgw.gateway.trajectories.client import (
     GatewayClient,
+    GatewayClientError,
     RejectedSegment,
     RolloutStoredError,
     SessionInfo,
@@ -156,9 +158,8 @@ class AgentRunner:
                 sampling=request.sampling or None,
             )
         except RolloutStoredError as stored:
-            s = stored.summary
-            cursors = [x.cursor for x in s.samples]
-            return RunOutcome(s.session_id, cursors, s.reward, s.termination_reason, None, s.rejects)
+            return _stored_outcome(stored)
+        error: str | None = None
         try:
             reward = await self.agent(session, request)
         except Exception as exc:
@@ -174,20 +175,33 @@ class AgentRunner:
                     }
                 },
             )
-            summary = await gw.finish_session(
-                session.session_id,
-                reward=0.0,
-                status="failed",
-                termination_reason="error",
-                metadata={"error": error[:500]},
-            )
-            return RunOutcome(
-                session.session_id, [s.cursor for s in summary.samples], 0.0, "error", error, summary.rejects
-            )
-        summary = await gw.finish_session(session.session_id, reward=reward, termination_reason="finish")
-        return RunOutcome(
-            session.session_id, [s.cursor for s in summary.samples], reward, "finish", None, summary.rejects
-        )
+        if error is None:
+            finish: dict[str, Any] = {"reward": reward, "termination_reason": "finish"}
+        else:
+            finish = {
+                "reward": 0.0,
+                "status": "failed",
+                "termination_reason": "error",
+                "metadata": {"error": error[:500]},
+            }
+        try:
+            summary = await gw.finish_session(session.session_id, **finish)
+        except RolloutStoredError as stored:
+            # Another live attempt of this rollout stored it first: report that run, drop this one.
+            with contextlib.suppress(GatewayClientError):
+                await gw.delete_session(session.session_id)
+            return _stored_outcome(stored)
+        cursors = [s.cursor for s in summary.samples]
+        if error is None:
+            return RunOutcome(session.session_id, cursors, reward, "finish", None, summary.rejects)
+        return RunOutcome(session.session_id, cursors, 0.0, "error", error, summary.rejects)
+
+
+def _stored_outcome(stored: RolloutStoredError) -> RunOutcome:
+    """The outcome of the rollout's run whose finish the gateway already stored."""
+    s = stored.summary
+    cursors = [x.cursor for x in s.samples]
+    return RunOutcome(s.session_id, cursors, s.reward, s.termination_reason, None, s.rejects)
 
 
 @dataclass(frozen=True, slots=True)

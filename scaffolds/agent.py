@@ -198,6 +198,11 @@ class InstalledAgent:
         try:
             if result.session_id is not None and not result.recovered:
                 await self._finish(result)
+        except RolloutStoredError as e:
+            # Another live attempt of this rollout stored it first (this worker was thought dead and
+            # the rollout retried): report that run; this session's samples are dropped, not stored twice.
+            await self._delete_quietly(result.session_id)
+            _recover(result, e.summary)
         except Exception as e:
             # The samples could not be stored: the run is lost for training, say so and clean up.
             result.failed_stage, result.error = "finish", f"finish: {type(e).__name__}: {e}"
@@ -336,7 +341,7 @@ def _recover(result: RunResult, summary: FinishSummary) -> None:
     result.session_id, result.reward, result.status = summary.session_id, summary.reward, summary.status
     reasons = {str(r): r for r in TerminationReason}
     result.termination = reasons.get(summary.termination_reason or "")
-    result.detail = f"recovered: the finish of session {summary.session_id} was already stored; not run again"
+    result.detail = f"recovered: the rollout is already stored (session {summary.session_id})"
     result.recovered = True
     log.info("task run recovered", extra={"fields": {"task": result.task_id, "session": summary.session_id}})
 

@@ -23,11 +23,13 @@ import numpy as np
 
 from rlgw.gateway import metrics
 from rlgw.gateway.engine_client.backend import ModelBackend
+from rlgw.gateway.errors import RolloutStored
 from rlgw.gateway.ledger.ledger import Segment
 from rlgw.gateway.sample import RejectReason, SampleRejected, SampleStatus, validate_sample
 from rlgw.gateway.sessions.journals import Journal
 from rlgw.gateway.sessions.table import Session
 from rlgw.gateway.trajectories.backends import Store
+from rlgw.gateway.trajectories.store import RolloutTaken
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,11 @@ async def finish(
             # A non-SGLang engine says how to reproduce its logprobs (engine_client/vllm_backend.py).
             engine = getattr(backend, "semantics", None)
             summary = await store_samples(session, outcome, store=store, vocab_size=vocab_size, engine=engine)
+        except RolloutTaken as taken:
+            # Another live attempt of this rollout stored it first: this one's samples would be the
+            # rollout a second time. Nothing was stored; the caller gets the stored run (409).
+            session.finishing = False
+            raise RolloutStored(taken.rollout_id, taken.summary) from None
         except BaseException:
             session.finishing = False  # nothing was stored: the session is as it was
             raise

@@ -80,6 +80,7 @@ CREATE TABLE IF NOT EXISTS outcomes (session_id TEXT PRIMARY KEY, tenant TEXT NO
 # A finish's outcome carries its rollout id, so that a rerun of a rollout whose finish is stored (its
 # worker died before the answer came back) is refused; a delete's has none. Added after the table.
 _OUTCOME_ROLLOUTS = "CREATE INDEX IF NOT EXISTS outcomes_by_rollout ON outcomes (tenant, rollout_id)"
+ROLLOUT_DOC = "SELECT doc FROM outcomes WHERE tenant = ? AND rollout_id = ? LIMIT 1"
 
 _INSERT = (
     "INSERT INTO samples (tenant, session_id, task_id, segment, created_at, rollout_id, group_index, status, "
@@ -118,6 +119,20 @@ class StoredOutcome:
 
 class StoreError(RuntimeError):
     """The database file is missing, of another schema version, or not a trajectory store."""
+
+
+class RolloutTaken(Exception):
+    """A finish of a rollout whose finish another session already stored; nothing of it was stored.
+
+    Two live attempts of one rollout (a runner thought dead and its retry) can both reach their
+    finish: the first to commit is the rollout's, the second is refused with the first's summary,
+    so the trainer never sees the rollout twice.
+    """
+
+    def __init__(self, rollout_id: str, summary: dict[str, Any]) -> None:
+        super().__init__(f"rollout {rollout_id!r} is already stored (session {summary.get('session_id')})")
+        self.rollout_id = rollout_id
+        self.summary = summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,9 +532,7 @@ class GroupCommitStore(abc.ABC):
 
     def finished_rollout_sync(self, tenant: str, rollout_id: str) -> dict[str, Any] | None:
         """The finish summary stored for the tenant's rollout `rollout_id`, if its finish was committed."""
-        rows = self._query(
-            "SELECT doc FROM outcomes WHERE tenant = ? AND rollout_id = ? LIMIT 1", (tenant, rollout_id)
-        )
+        rows = self._query(ROLLOUT_DOC, (tenant, rollout_id))
         return orjson.loads(rows[0][0]) if rows else None
 
     def _repoll_s(self) -> float | None:
@@ -625,6 +638,12 @@ class TrajectoryStore(GroupCommitStore):
             for rows, outcome in batch:
                 conn.execute("SAVEPOINT finish")
                 try:
+                    if outcome is not None and outcome.rollout_id is not None:
+                        # BEGIN IMMEDIATE holds the file's write lock: no other writer, in this
+                        # process or another, can store the rollout between this check and the commit.
+                        taken = conn.execute(ROLLOUT_DOC, (outcome.tenant, outcome.rollout_id)).fetchone()
+                        if taken is not None:
+                            raise RolloutTaken(outcome.rollout_id, orjson.loads(taken[0]))
                     cursors = [conn.execute(_INSERT, row).lastrowid for row in rows]
                     if outcome is not None:
                         conn.execute(

@@ -14,6 +14,7 @@ from rlgw.gateway.sample import SampleStatus
 from rlgw.gateway.trajectories.backends import Store, open_store, open_store_readonly
 from rlgw.gateway.trajectories.store import (
     DB_NAME,
+    RolloutTaken,
     StoreError,
     TrajectoryStore,
     decode_arrays,
@@ -209,6 +210,29 @@ async def test_a_finished_rollout_is_found_by_its_id_per_tenant(store: Store) ->
     assert await store.finished_rollout("t", "r-2") == {"eval": True}  # no samples, still finished
     assert await store.finished_rollout("other", "r-1") is None
     assert await store.finished_rollout("t", "r-3") is None
+
+
+async def test_a_rollout_is_stored_once_when_two_attempts_finish(store: Store) -> None:
+    """Two live attempts of one rollout: the first finish stores it; the second stores nothing and
+    is told what the first stored, while other finishes in the same group commit go through."""
+    rng = np.random.default_rng(10)
+    first = await store.add_samples(
+        "t", "s-1", "task", [make_sample(rng)], outcome=lambda cs: {"session_id": "s-1", "cursors": cs},
+        rollout_id="r-1",
+    )  # fmt: skip
+    second = store.add_samples(
+        "t", "s-2", "task", [make_sample(rng), make_sample(rng)], outcome=lambda _: {"session_id": "s-2"},
+        rollout_id="r-1",
+    )  # fmt: skip
+    other = store.add_samples("t", "s-3", "task", [make_sample(rng)], outcome=lambda _: {}, rollout_id="r-2")
+    results = await asyncio.gather(second, other, return_exceptions=True)
+    assert isinstance(results[0], RolloutTaken)
+    assert results[0].rollout_id == "r-1" and results[0].summary == {"session_id": "s-1", "cursors": first}
+    assert len(results[1]) == 1  # committed beside the refused one
+    assert [g.session_id for g in await store.list("t")] == ["s-1", "s-3"]
+    assert await store.outcome("t", "s-2") is None  # the refused attempt left nothing
+    # another tenant's rollout of the same id is its own
+    assert len(await store.add_samples("u", "s-4", "task", [], outcome=lambda _: {}, rollout_id="r-1")) == 0
 
 
 def test_a_store_from_before_rollout_ids_gains_the_column(tmp_path: Path) -> None:

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
-from rlgw.gateway.trajectories.client import GatewayClient, SessionInfo
-from rlgw.integrations.rollout import AgentRunner, TaskRequest, run_rollout
+import asyncio
+
+import pytest
+
+from rlgw.gateway.trajectories.client import GatewayClient, GatewayRequestError, SessionInfo
+from rlgw.integrations.rollout import AgentRunner, Rollout, TaskRequest, run_rollout
 from tests.integrations.agents import LOOP
 from tests.integrations.conftest import stream
 from tests.support import fixture_prompts as fp
@@ -29,3 +33,42 @@ async def test_a_retried_rollout_returns_the_stored_one_without_running_again(qw
     assert again.termination == "finish" and again.error is None
     stored = [d for d in stream(qwen3) if d["rollout_id"] == "retried-rollout-1"]
     assert len(stored) == len(first.samples)  # stored once
+
+
+async def test_two_live_attempts_of_a_rollout_store_it_once(qwen3: Stack) -> None:
+    """A retry launched while the first attempt still runs (its worker thought dead): both run and
+    finish; the first finish stores the rollout, the second is refused (409 `rollout_stored`), its
+    session is dropped, and both report the stored run."""
+    both_open = asyncio.Barrier(2)
+    first_finished = asyncio.Event()
+    runs: list[str] = []
+
+    async def agent(session: SessionInfo, request: TaskRequest) -> float:
+        runs.append(session.session_id)
+        await LOOP(session, request)
+        await both_open.wait()  # both sessions exist and have turns before either finishes
+        if len(runs) == 2 and session.session_id == runs[1]:
+            await first_finished.wait()
+        return 1.0 if session.session_id == runs[0] else 0.0
+
+    request = TaskRequest(task_id="twice", rollout_id="live-twice-1", prompt=fp.WEATHER)
+    async with GatewayClient(qwen3.gateway) as gw:
+
+        async def attempt() -> Rollout:
+            outcome = await run_rollout(gw, AgentRunner(agent), request)
+            first_finished.set()
+            return outcome
+
+        a, b = await asyncio.gather(attempt(), attempt())
+        assert len(runs) == 2  # both attempts ran their agent
+        with pytest.raises(GatewayRequestError) as gone:
+            await gw.get_session(runs[1])  # the refused attempt's session was deleted
+        assert gone.value.status == 404
+    winner = a if a.session_id == runs[0] else b
+    assert a.session_id == b.session_id == runs[0] and a.reward == b.reward == 1.0
+    assert (
+        [t.cursor for t in a.samples] == [t.cursor for t in b.samples] == [t.cursor for t in winner.samples]
+    )
+    stored = [d for d in stream(qwen3) if d["rollout_id"] == "live-twice-1"]
+    assert {d["metadata"]["session_id"] for d in stored} == {runs[0]}
+    assert len(stored) == len(winner.samples) > 0

@@ -55,6 +55,11 @@ class RecordingGateway:
         self.calls.append(("finish", kw))
         if self.fail_on == "finish":
             raise ConnectionError("gateway down at finish")
+        if self.fail_on == "stored-at-finish":  # another live attempt of the rollout stored it first
+            error = RolloutStored("r-1", STORED).body()["error"]
+            raise RolloutStoredError(
+                409, error["message"], error, f"http://gw/v1/sessions/{session_id}/finish"
+            )
         return SimpleNamespace(trainable_tokens=0, samples=[], rejects=[])
 
     async def delete_session(self, session_id: str) -> None:
@@ -210,6 +215,17 @@ async def test_a_rollout_whose_finish_is_stored_comes_back_stored_without_runnin
     assert result.trainable_tokens == 5
     assert [c[0] for c in gw.calls] == ["create"]  # no finish, no delete: nothing stored twice
     assert all(s.stopped for s in FaultySandbox.made)
+
+
+async def test_a_run_that_loses_its_rollout_at_finish_reports_the_stored_one(tmp_path: Path) -> None:
+    # A retry that ran beside the attempt it replaced: that one finished first.
+    gw = RecordingGateway(fail_on="stored-at-finish")
+    result = await make_agent(tmp_path, gw).run(TASK, rollout_id="r-1")
+    assert result.recovered and result.failed_stage is None and result.error is None
+    assert (result.session_id, result.reward, result.status) == ("s-0", 0.75, "completed")
+    assert result.samples == [{"cursor": 7, "segment": 0, "trainable_tokens": 5, "response_length": 9}]
+    assert [c[0] for c in gw.calls] == ["create", "finish", "delete"]  # its own session dropped
+    assert gw.calls[-1] == ("delete", "s-1")
 
 
 def test_capture_conflict_fails_before_anything_starts(tmp_path: Path) -> None:

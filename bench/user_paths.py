@@ -16,8 +16,10 @@ the cache off (`--cache-mib 0`, the same code otherwise) and on (the default, 10
 
 Runs alternate off, on, off, on ... (`--repeats` pairs); each run is printed as it ends with the 1-minute
 load average at its start (other work shares the machine), then a table of medians and the ratio off/on
-per figure (> 1: the cache made it faster). Engine figures: prefix-cache lookups and hits from the engine's
-`/server_info` after the run. Nothing here asserts a time.
+per figure (> 1: the cache made it faster). "X: engine" is the part of X the gateway's turns spent waiting on
+the engine (`rlgw_engine_seconds_sum` of its `/metrics`): where the cache can act; the rest is the agent's own
+work, the gateway and start-up. "cache hits": the engine's prefix-cache hits / lookups (`/server_info`) after
+the run. Nothing here asserts a time.
 
     python -m bench.user_paths [--repeats 2] [--paths quickstart,clis,train] [--clis claude-code,codex,...]
 
@@ -88,17 +90,17 @@ CLI_RUNS: dict[str, tuple[str, type[NodeCliScaffold], Callable[[str], NodeCliSca
 
 @dataclass
 class Run:
-    """One timed run of one path: its figures in seconds, and what else it reported."""
+    """One timed run of one path: its figures (seconds, unless the name gives a unit), and its notes."""
 
     path: str
     variant: str
     repeat: int
     load: float
-    seconds: dict[str, float] = field(default_factory=dict)
+    figures: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def line(self) -> str:
-        figures = "  ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items())
+        figures = "  ".join(f"{k} {v:.1f}{'' if '/' in k else 's'}" for k, v in self.figures.items())
         head = f"{self.path:<10} {self.variant:<3} #{self.repeat}  load {self.load:5.1f}"
         return f"{head}  {figures}  {' '.join(self.notes)}"
 
@@ -116,14 +118,22 @@ def cache_counts(engine_url: str) -> str:
     return f"cache hits {stats['hits']}/{stats['lookups']}"
 
 
+def engine_wait(gateway: str) -> float:
+    """Seconds the gateway's turns have spent waiting on the engine (`rlgw_engine_seconds_sum`)."""
+    for line in httpx.get(gateway + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("rlgw_engine_seconds_sum "):
+            return float(line.split()[1])
+    return 0.0
+
+
 @contextmanager
 def timed(run: Run, name: str) -> Iterator[None]:
-    """Add the block's wall time to `run.seconds[name]`."""
+    """Add the block's wall time to `run.figures[name]`."""
     t0 = time.perf_counter()
     try:
         yield
     finally:
-        run.seconds[name] = run.seconds.get(name, 0.0) + time.perf_counter() - t0
+        run.figures[name] = run.figures.get(name, 0.0) + time.perf_counter() - t0
 
 
 def quickstart(run: Run, tmp: Path) -> None:
@@ -133,14 +143,18 @@ def quickstart(run: Run, tmp: Path) -> None:
             *VARIANTS[run.variant]]  # fmt: skip
     t0 = time.perf_counter()
     with rlgw_process(args, "/health", port) as url:
-        run.seconds["start-up"] = time.perf_counter() - t0
+        run.figures["start-up"] = time.perf_counter() - t0
         code = _quickstart().replace("http://127.0.0.1:8000", url)
         with timed(run, "agent"):
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        run.figures["agent: engine"] = engine_wait(url)
         run.notes.append(cache_counts(f"http://127.0.0.1:{engine_port}"))
     if out.returncode != 0:
         raise RuntimeError(f"the quickstart failed:\n{out.stderr[-3000:]}")
-    run.notes.append(repr(out.stdout.strip().splitlines()[-2]))  # "N trainable tokens in 1 sample(s)"
+    # "N trainable tokens in 1 sample(s)": sampled at temperature 0.7, so its length varies run to run.
+    tokens = int(out.stdout.strip().splitlines()[-2].split()[0])
+    run.figures["agent ms/token"] = 1000 * run.figures["agent"] / tokens
+    run.notes.append(f"{tokens} tokens sampled")
 
 
 async def cli(run: Run, tmp: Path, gateway: str, name: str) -> None:
@@ -154,9 +168,11 @@ async def cli(run: Run, tmp: Path, gateway: str, name: str) -> None:
     config = AgentConfig(mode="capture", model="tiny-agent", max_turns=4, agent_timeout_s=900,
                          install_timeout_s=1800, sampling={"temperature": 0.0},
                          artifacts_dir=tmp / "artifacts")  # fmt: skip
+    waited = engine_wait(gateway)
     async with GatewayClient(gateway) as client:
         r = await InstalledAgent(scaffold, Sandboxes(tmp / "sandboxes"), client, config).run(task)
-    run.seconds[name] = r.duration_s
+    run.figures[name] = r.duration_s
+    run.figures[f"{name}: engine"] = engine_wait(gateway) - waited
     if r.reward != 1.0 or r.failed_stage is not None:
         run.notes.append(f"{name}: {r.termination} reward={r.reward} {r.failed_stage or ''} {r.error or ''}")
 
@@ -168,10 +184,11 @@ def clis(run: Run, tmp: Path, names: list[str]) -> None:
         port = free_port()
         with rlgw_process(["serve", "--engine-url", engine, "--port", str(port), "--data-dir", str(tmp)],
                           "/health", port) as gateway:  # fmt: skip
-            run.seconds["start-up"] = time.perf_counter() - t0
+            run.figures["start-up"] = time.perf_counter() - t0
             with timed(run, "all runs"):
                 for name in names:
                     asyncio.run(cli(run, tmp / name, gateway, name))
+            run.figures["all runs: engine"] = engine_wait(gateway)
             run.notes.append(cache_counts(engine))
 
 
@@ -191,20 +208,20 @@ def train(run: Run, tmp: Path) -> None:
         raise RuntimeError(f"rlgw train failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
     receipts = [json.loads(line) for line in (tmp / "work" / "receipts.jsonl").read_text().splitlines()]
     for part in ("rollout", "train", "sync"):
-        run.seconds[part] = sum(r["seconds"][part] for r in receipts)
-    run.seconds["outside loop"] = run.seconds["wall"] - sum(r["seconds"]["total"] for r in receipts)
+        run.figures[part] = sum(r["seconds"][part] for r in receipts)
+    run.figures["outside loop"] = run.figures["wall"] - sum(r["seconds"]["total"] for r in receipts)
     run.notes.append(f"iterations {len(receipts)} final reward {receipts[-1]['reward_mean']:.3f}")
 
 
 def report(runs: list[Run]) -> None:
     """Per path and figure: the median of each variant and the ratio off/on."""
-    print("\n| path | figure | off median s | on median s | off/on | runs (off; on) |")
+    print("\n| path | figure (s) | off median | on median | off/on | runs (off; on) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for path in dict.fromkeys(r.path for r in runs):
         mine = [r for r in runs if r.path == path]
-        for figure in dict.fromkeys(k for r in mine for k in r.seconds):
+        for figure in dict.fromkeys(k for r in mine for k in r.figures):
             by = {
-                v: [r.seconds[figure] for r in mine if r.variant == v and figure in r.seconds]
+                v: [r.figures[figure] for r in mine if r.variant == v and figure in r.figures]
                 for v in VARIANTS
             }
             if not all(by.values()):

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 
 from rlgw.trainer.config import TrainConfig
 from rlgw.trainer.loop import _services
@@ -31,6 +32,7 @@ async def _twice(cfg: TrainConfig, work: Path) -> tuple[dict, list[int]]:
     return info["prefix_cache"], cached
 
 
+@pytest.mark.slow  # starts `rlgw serve` with its engine: 24 s at load 3 on the shared 2-core box
 def test_cache_mib_zero_reaches_the_engine(tmp_path: Path) -> None:
     doc = json.loads((REPO / "trainer" / "configs" / "word-tiny.json").read_text())
     doc["model"] = str(REPO / doc["model"])

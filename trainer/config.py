@@ -152,6 +152,7 @@ class TrainConfig(_Strict):
     gateway_url: str | None = None  # None: start `rlgw serve` with the embedded engine
     gateway_key: str | None = None
     engine_urls: list[str] = Field(default_factory=list)  # needed with gateway_url
+    cache_mib: int | None = Field(None, ge=0)  # embedded engine prefix cache MiB (None: default; 0: off)
     rollouts: ChatRolloutsSpec | ToolRolloutsSpec | ScaffoldRolloutsSpec = Field(discriminator="kind")
     loss: LossSpec = Field(default_factory=LossSpec)
     optim: OptimSpec = Field(default_factory=OptimSpec)

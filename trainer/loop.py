@@ -66,7 +66,7 @@ async def _services(cfg: TrainConfig, work: Path) -> AsyncIterator[Services]:
             raise ValueError("gateway_url needs engine_urls (the engines to sync weights to)")
         yield Services(cfg.gateway_url, cfg.gateway_key, list(cfg.engine_urls))
         return
-    with local_services(cfg.model, work, engine_threads=cfg.threads or 1) as svc:
+    with local_services(cfg.model, work, engine_threads=cfg.threads or 1, cache_mib=cfg.cache_mib) as svc:
         yield svc
 
 

@@ -49,9 +49,17 @@ def _wait(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
 
 @contextlib.contextmanager
 def local_services(
-    model: str, work_dir: Path, *, engine_threads: int = 1, timeout: float = 300.0
+    model: str,
+    work_dir: Path,
+    *,
+    engine_threads: int = 1,
+    cache_mib: int | None = None,
+    timeout: float = 300.0,
 ) -> Iterator[Services]:
-    """Start `rlgw serve --model MODEL` with its store under `work_dir`; yields the URLs, stops it after."""
+    """Start `rlgw serve --model MODEL` with its store under `work_dir`; yields the URLs, stops it after.
+
+    `cache_mib` is the embedded engine's prefix-cache budget (`--cache-mib`; None: serve's default, 0: off).
+    """
     port, engine_port = _free_port(), _free_port()
     log_path = work_dir / "serve.log"
     cmd = [
@@ -59,6 +67,8 @@ def local_services(
         "--port", str(port), "--engine-port", str(engine_port), "--engine-threads", str(engine_threads),
         "--data-dir", str(work_dir / "store"),
     ]  # fmt: skip
+    if cache_mib is not None:
+        cmd += ["--cache-mib", str(cache_mib)]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}

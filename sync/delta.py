@@ -8,10 +8,10 @@ Encodings, per changed tensor (unchanged tensors are omitted from the files, kep
 - `overwrite`: the changed element positions (gap-encoded) and their new values, zstd-compressed.
   Idempotent, and smaller than xor when few elements change.
 
-Encoding reads each tensor once, one cache-sized `BLOCK` at a time: the new block is hashed, compared
-with the base block and its changed elements gathered while both are in the core's cache (a dense
-xor, above `SPARSE_MAX`, takes a second pass to xor and compress). Applying copies the base into a
-shared mapping of the new file once (`MappedOutput`) and patches and hashes each block in place.
+Encoding reads each tensor pair once, one cache-sized `SCAN_BLOCK` at a time: the new block is
+hashed, compared with the base block and its changed elements gathered while both are in the
+core's cache (a dense xor, above `SPARSE_MAX`, takes a second pass to xor and compress). Applying
+streams each tensor chunk by chunk through a per-thread scratch buffer (read, patch, hash, write).
 Tensors run in parallel on a few threads (numpy, zstd and xxhash release the GIL). `apply_delta`
 never touches its base: it writes a new full version into a directory the caller publishes,
 checking the base version, every tensor's base digest before and its new digest after. Versions,
@@ -32,12 +32,12 @@ import zstandard as zstd
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.errors import CheckpointError, DigestMismatch, VersionError
 from rlgw.sync.fileio import (
-    BLOCK,
     CHUNK,
-    MappedOutput,
     Progress,
     default_workers,
+    open_output,
     pread_into,
+    pwrite_all,
     run_parallel,
     scratch,
     stream_tensor,
@@ -46,6 +46,10 @@ from rlgw.sync.full import NamedBytes
 from rlgw.sync.stfile import DTYPE_SIZES, SafetensorsFile, write_file
 
 ENCODINGS = ("xor", "overwrite")
+# Bytes per step of the encoder's scan: a block of each state and its comparison mask stay in a
+# core's 1 MiB L2 between the passes over them (hash, compare, gather), so each byte comes from
+# memory once. Larger blocks spill to L3; smaller ones add per-call overhead.
+SCAN_BLOCK = 512 << 10
 # Below this fraction of changed elements an xor tensor is stored sparse (positions + xor values):
 # each change then costs about 4 + itemsize bytes before compression instead of a dense stream that
 # zstd must scan (about 2 GB/s) and inflate (about 4 GB/s) in full.
@@ -119,17 +123,17 @@ def _scan(
     quarter (bf16) of an element mask's entries.
     """
     h = xxhash.xxh3_128()
-    mask = scratch("mask", BLOCK).view(bool)
+    mask = scratch("mask", SCAN_BLOCK).view(bool)
     item = np.dtype(uint).itemsize
     positions: list[np.ndarray] = []
     values: list[np.ndarray] = []
     found = 0
-    for pos in range(0, new.size, BLOCK):
-        nb = new[pos : pos + BLOCK]
+    for pos in range(0, new.size, SCAN_BLOCK):
+        nb = new[pos : pos + SCAN_BLOCK]
         h.update(nb)
         if found > limit:
             continue
-        ob = old[pos : pos + BLOCK]
+        ob = old[pos : pos + SCAN_BLOCK]
         # A block whose size is not a multiple of 8 (a tensor's last) is compared element by element.
         word = np.uint64 if nb.size % 8 == 0 else uint
         nw, ow = nb.view(word), ob.view(word)
@@ -198,21 +202,21 @@ def write_delta_version(
 
 
 class _XorPatch:
-    """Streams a tensor's XOR frames into each block (`patch(block, pos)` for `stream_tensor`)."""
+    """Streams a tensor's XOR frames into each chunk (`patch(chunk, pos)` for `stream_tensor`)."""
 
     def __init__(self, payload: memoryview) -> None:
         self.reader = zstd.ZstdDecompressor().stream_reader(payload, read_across_frames=True)
 
-    def __call__(self, block: np.ndarray, pos: int) -> None:
-        buf = scratch("xor", block.size)
+    def __call__(self, chunk: np.ndarray, pos: int) -> None:
+        buf = scratch("xor", chunk.size)
         view = memoryview(buf).cast("B")
         got = 0
-        while got < block.size:
+        while got < chunk.size:
             n = self.reader.readinto(view[got:])
             if n == 0:
                 raise CheckpointError(f"delta payload ends at byte {pos + got}: truncated")
             got += n
-        np.bitwise_xor(_wide(block), _wide(buf), out=_wide(block))
+        np.bitwise_xor(_wide(chunk), _wide(buf), out=_wide(chunk))
 
     def finish(self) -> None:
         if self.reader.read(1):
@@ -225,7 +229,7 @@ def _gap_width(numel: int) -> int:
 
 
 class _SparsePatch:
-    """Writes (overwrite) or XORs (sparse xor) a tensor's changed elements into each block."""
+    """Writes (overwrite) or XORs (sparse xor) a tensor's changed elements into each chunk."""
 
     def __init__(self, payload: memoryview, rec: ck.TensorRecord) -> None:
         self.xor = rec.encoding == "xor"
@@ -244,10 +248,10 @@ class _SparsePatch:
         self.vals = np.frombuffer(raw, dtype=_UINT[item], offset=rec.count * gw)
         self.item = item
 
-    def __call__(self, block: np.ndarray, pos: int) -> None:
-        lo, hi = pos // self.item, (pos + block.size) // self.item
-        a, b = self.idx.searchsorted((lo, hi))
-        view, at = block.view(self.vals.dtype), self.idx[a:b] - lo
+    def __call__(self, chunk: np.ndarray, pos: int) -> None:
+        lo, hi = pos // self.item, (pos + chunk.size) // self.item
+        a, b = np.searchsorted(self.idx, [lo, hi])
+        view, at = chunk.view(self.vals.dtype), self.idx[a:b] - lo
         if self.xor:
             view[at] ^= self.vals[a:b]  # positions are unique, so fancy-index XOR is exact
         else:
@@ -299,9 +303,8 @@ def apply_delta(
             )
     payloads = SafetensorsFile(delta_dir / DELTA_FILE)
     fds: list[int] = []
-    outputs: list[MappedOutput] = []
-    jobs: list[tuple[str, int, int, np.ndarray]] = []
     try:
+        jobs = []
         for name, rec in delta.tensors.items():
             if rec.encoding != "unchanged":
                 e = payloads.entries.get(name)
@@ -315,18 +318,19 @@ def apply_delta(
             try:
                 src = os.open(base_dir / fname, os.O_RDONLY)
                 fds.append(src)
-                out = MappedOutput(out_dir / fname, os.fstat(src).st_size)
-                outputs.append(out)
-                pread_into(src, out.array[: sf.data_start], 0)
+                dst = open_output(out_dir / fname, os.fstat(src).st_size)
+                fds.append(dst)
+                head = np.empty(sf.data_start, dtype=np.uint8)
+                pread_into(src, head, 0)
+                pwrite_all(dst, head, 0)
                 for name in names:
                     e = sf.entries[name]
-                    off = sf.data_start + e.start
-                    jobs.append((name, src, off, out.array[off : off + e.nbytes]))
+                    jobs.append((name, src, dst, sf.data_start + e.start, e.nbytes))
             finally:
                 sf.close()
 
-        def one(job: tuple[str, int, int, np.ndarray]) -> None:
-            name, src, off, target = job
+        def one(job: tuple[str, int, int, int, int]) -> None:
+            name, src, dst, off, n = job
             rec = delta.tensors[name]
             patch = None
             if rec.layout == "dense":
@@ -334,7 +338,7 @@ def apply_delta(
             elif rec.encoding != "unchanged":
                 patch = _SparsePatch(payloads.raw(name), rec)
             try:
-                got = stream_tensor(src, off, target.size, target, patch)
+                got = stream_tensor(src, off, n, dst, off, patch)
                 if patch is not None:
                     patch.finish()
             except zstd.ZstdError as exc:
@@ -344,11 +348,8 @@ def apply_delta(
                     f"v{delta.version}: tensor {name!r} digest {got} after patch != recorded {rec.digest}"
                 )
 
-        run_parallel(one, jobs, workers or default_workers(), progress, lambda j: j[3].size)
+        run_parallel(one, jobs, workers or default_workers(), progress, lambda j: j[4])
     finally:
-        jobs.clear()  # drop the views of the mappings before unmapping them
-        for out in outputs:
-            out.close()
         for fd in fds:
             os.close(fd)
         payloads.close()

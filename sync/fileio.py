@@ -1,17 +1,13 @@
 """Chunked positional file I/O shared by the full and delta paths: pread/pwrite, scratch buffers, workers.
 
-Everything here moves bytes with `os.preadv` / `os.pwrite` (kernel copies, no Python-level byte
-objects), so several threads can work on disjoint ranges of the same files while numpy, zstd and
-xxhash release the GIL. Copies write straight into a shared mapping of the output file
-(`MappedOutput`): the kernel copies the source's cached pages into the destination's once, and each
-`BLOCK` is patched and hashed while it is still in the core's cache, so a copy touches memory about
-as often as a memcpy does (a bounce buffer and `pwrite` would add a second full copy). It knows
-nothing about versions or encodings.
+Everything here moves bytes between files and reusable per-thread scratch buffers with `os.preadv` /
+`os.pwrite` (kernel copies, no page faults on fresh memory, no Python-level byte objects), so
+several threads can work on disjoint ranges of the same files while numpy, zstd and xxhash release
+the GIL. It knows nothing about versions or encodings.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -22,11 +18,7 @@ import numpy as np
 
 from rlgw.sync.errors import CheckpointError
 
-CHUNK = 4 << 20  # bytes per zstd frame of a dense delta, and the smallest scratch buffer
-# Bytes per step of a scan, copy or patch: the block and its partners (the base block, the
-# comparison mask) stay in a core's 1 MiB L2 between the passes over them, so each byte comes
-# from memory once. Larger blocks spill to L3; smaller ones add per-call overhead.
-BLOCK = 512 << 10
+CHUNK = 4 << 20  # bytes per streamed chunk: fits in L2/L3 with its partner buffers
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -106,60 +98,45 @@ def stream_tensor(
     src_fd: int,
     src_off: int,
     nbytes: int,
-    dst: np.ndarray | None,
+    dst_fd: int | None,
+    dst_off: int,
     patch: Callable[[np.ndarray, int], None] | None = None,
 ) -> str:
-    """Copy `nbytes` from `src_fd` at `src_off` into `dst` block by block, patching and hashing on the way.
+    """Copy `nbytes` from `src_fd` to `dst_fd` chunk by chunk, patching and hashing on the way.
 
-    `dst` is the tensor's range of a `MappedOutput` (the kernel copies straight into its pages);
-    with `dst=None` the bytes are only hashed, through a scratch buffer. `patch(block, pos)` may
-    modify each block in place (`pos` is its byte offset in the tensor) before it is hashed.
-    Returns the xxh3-128 hex digest of the bytes written.
+    `patch(chunk, pos)` may modify each chunk in place (`pos` is its byte offset in the tensor)
+    before it is hashed and written. With `dst_fd=None` the bytes are only hashed. Returns the
+    xxh3-128 hex digest of the bytes written.
     """
     import xxhash
 
     h = xxhash.xxh3_128()
+    buf = scratch("stream")
     pos = 0
     while pos < nbytes:
-        n = min(BLOCK, nbytes - pos)
-        block = dst[pos : pos + n] if dst is not None else scratch("stream", n)
-        pread_into(src_fd, block, src_off + pos)
+        n = min(CHUNK, nbytes - pos)
+        chunk = buf[:n]
+        pread_into(src_fd, chunk, src_off + pos)
         if patch is not None:
-            patch(block, pos)
-        h.update(block)
+            patch(chunk, pos)
+        h.update(chunk)
+        if dst_fd is not None:
+            pwrite_all(dst_fd, chunk, dst_off + pos)
         pos += n
     return h.hexdigest()
 
 
-class MappedOutput:
-    """An output file of exactly `size` bytes, open and mapped shared for writing (`array`, uint8).
+def open_output(path: os.PathLike | str, size: int) -> int:
+    """Open `path` for positional writes, sized to exactly `size` bytes.
 
     An existing file is reused, not truncated to zero: overwriting page-cache pages that already
     exist costs a memcpy, while fresh pages cost a fault each (several times slower on these VMs).
-    Callers must write every byte (recycled files hold stale data); what they write reaches the
-    file like a `pwrite` (an `fsync` of the file or directory tree makes it durable).
+    Callers must write every byte of the range (recycled files hold stale data).
     """
-
-    def __init__(self, path: os.PathLike | str, size: int) -> None:
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._map: mmap.mmap | None = None
-        try:
-            os.ftruncate(self.fd, size)
-            if size:
-                self._map = mmap.mmap(self.fd, size)
-        except OSError:
-            os.close(self.fd)
-            raise
-        self.array = np.frombuffer(self._map, dtype=np.uint8) if self._map else np.empty(0, np.uint8)
-
-    def close(self) -> None:
-        """Unmap and close; views of `array` must not be used afterwards."""
-        self.array = np.empty(0, np.uint8)
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:
-                # A view is still referenced (a traceback holding a frame); it unmaps when collected.
-                pass
-            self._map = None
-        os.close(self.fd)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd

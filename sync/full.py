@@ -18,9 +18,9 @@ import numpy as np
 from rlgw.sync import checkpoint as ck
 from rlgw.sync.errors import CheckpointError, DigestMismatch
 from rlgw.sync.fileio import (
-    MappedOutput,
     Progress,
     default_workers,
+    open_output,
     pread_into,
     pwrite_all,
     run_parallel,
@@ -146,30 +146,30 @@ def copy_verified(
             raise CheckpointError(f"{src}: tensor {name!r} has no file in the weight map")
         files.setdefault(rec.file, []).append(name)
     jobs = []
-    opened: list[tuple[SafetensorsFile, int, MappedOutput | None]] = []
+    opened: list[tuple[SafetensorsFile, int, int | None]] = []
     try:
         for fname, names in files.items():
             sf = SafetensorsFile(src / fname)
             src_fd = os.open(src / fname, os.O_RDONLY)
-            out = None
+            dst_fd = None
             if dst is not None:
-                out = MappedOutput(dst / fname, os.fstat(src_fd).st_size)
-            opened.append((sf, src_fd, out))
+                dst_fd = open_output(dst / fname, os.fstat(src_fd).st_size)
+            opened.append((sf, src_fd, dst_fd))
             if set(names) != set(sf.entries):
                 raise CheckpointError(f"{src / fname}: tensors differ from the index's weight map")
-            if out is not None:
-                pread_into(src_fd, out.array[: sf.data_start], 0)
+            if dst_fd is not None:
+                head = np.empty(sf.data_start, dtype=np.uint8)
+                pread_into(src_fd, head, 0)
+                pwrite_all(dst_fd, head, 0)
             for name in names:
                 e, rec = sf.entries[name], index.tensors[name]
                 if e.dtype != rec.dtype or e.shape != rec.shape:
                     raise CheckpointError(f"{src / fname}: {name!r} is {e.dtype}{list(e.shape)} in the file")
-                off = sf.data_start + e.start
-                target = out.array[off : off + e.nbytes] if out is not None else None
-                jobs.append((name, src_fd, off, e.nbytes, target))
+                jobs.append((name, src_fd, sf.data_start + e.start, e.nbytes, dst_fd))
 
-        def one(job: tuple[str, int, int, int, np.ndarray | None]) -> None:
-            name, sfd, off, n, target = job
-            got = stream_tensor(sfd, off, n, target)
+        def one(job: tuple[str, int, int, int, int | None]) -> None:
+            name, sfd, off, n, dfd = job
+            got = stream_tensor(sfd, off, n, dfd, off)
             if got != index.tensors[name].digest:
                 raise DigestMismatch(
                     f"{src}: tensor {name!r} digest {got} != recorded {index.tensors[name].digest}"
@@ -177,12 +177,11 @@ def copy_verified(
 
         run_parallel(one, jobs, workers or default_workers(), progress, lambda j: j[3])
     finally:
-        jobs.clear()  # drop the views of the mappings before unmapping them
-        for sf, sfd, out in opened:
+        for sf, sfd, dfd in opened:
             sf.close()
             os.close(sfd)
-            if out is not None:
-                out.close()
+            if dfd is not None:
+                os.close(dfd)
     if dst is not None:
         ck.copy_aux_files(src, dst, index.aux_files)
         ck.write_index(dst, index)

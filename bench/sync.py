@@ -221,10 +221,13 @@ def parts(args: argparse.Namespace) -> None:
                 fn(n.data[pos:end].view(np.uint64), b.data[pos:end].view(np.uint64))
 
     def compare(nw: np.ndarray, ow: np.ndarray) -> np.ndarray:
-        return np.flatnonzero(np.not_equal(nw, ow, out=mask[: nw.size]))
+        return np.not_equal(nw, ow, out=mask[: nw.size])
 
-    def positions(nw: np.ndarray, ow: np.ndarray) -> None:
-        at = compare(nw, ow)
+    def changed_words(nw: np.ndarray, ow: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(compare(nw, ow))
+
+    def changed_elements(nw: np.ndarray, ow: np.ndarray) -> None:
+        at = changed_words(nw, ow)
         sub = np.flatnonzero((nw[at] ^ ow[at]).view(np.uint16) != 0)
         (at[sub >> 2] << 2) | (sub & 3)
 
@@ -265,8 +268,9 @@ def parts(args: argparse.Namespace) -> None:
     encode = [
         ("memcpy (np.copyto)", mc),
         ("xxh3-128 of the new bytes", lambda: [ck.digest(n.data) for n in new]),
-        ("compare 8-byte words a block", lambda: blocks(compare)),
-        ("compare + changed element positions", lambda: blocks(positions)),
+        ("compare 8-byte words (np.not_equal)", lambda: blocks(compare)),
+        ("  + find the changed words (np.flatnonzero)", lambda: blocks(changed_words)),
+        ("  + split them into changed elements", lambda: blocks(changed_elements)),
         (f"zstd level {args.level} of the sparse payloads", lambda: [cctx.compress(r) for r in raw]),
         ("encode_tensor (all of it)", lambda: [encode_tensor(*p, d, "xor") for p, d in jobs]),
     ]

@@ -8,8 +8,13 @@ the broadcast. Best of `--reps` each; run it twice and read the figures as a ran
 gives GB per CPU-second of the path and of its reference: on a machine whose cores others use, the
 wall ratio is what the path got and the CPU ratio what it costs.
 
+`--parts` times instead each part of a delta encode and apply alone on one thread (hash, compare,
+changed positions, zstd; decode, copy into the new file, patch, hash): the sum of a path's parts
+against memcpy bounds the ratio two cores can reach.
+
     python -m bench.sync                 # 512 MiB model, 1% of elements changed
     python -m bench.sync --mib 1024 --changed 0.05 --workers 2 --skip-broadcast
+    python -m bench.sync --mib 256 --parts
 """
 
 from __future__ import annotations
@@ -24,10 +29,20 @@ import time
 from pathlib import Path
 
 import numpy as np
+import zstandard as zstd
 
 from rlgw.sync import checkpoint as ck
-from rlgw.sync.delta import DELTA_FILE, apply_delta, write_delta_version
+from rlgw.sync.delta import (
+    DELTA_FILE,
+    SCAN_BLOCK,
+    _SparsePatch,
+    apply_delta,
+    encode_tensor,
+    write_delta_version,
+)
+from rlgw.sync.fileio import open_output, stream_tensor
 from rlgw.sync.full import NamedBytes, write_full_version
+from rlgw.sync.stfile import SafetensorsFile
 
 GB = 1e9
 
@@ -183,6 +198,104 @@ def disk_paths(args: argparse.Namespace) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def part_line(label: str, nbytes: int, secs: float, cpu: float, ref_cpu: float) -> None:
+    """One part's GB/s, GB per CPU-second, and its CPU cost in memcpys of the same bytes."""
+    print(
+        f"  {label:44s} {nbytes / secs / GB:6.2f} GB/s  {nbytes / max(cpu, 1e-9) / GB:6.2f} GB/CPU-s  "
+        f"= {cpu / ref_cpu:4.2f} memcpy"
+    )
+
+
+def parts(args: argparse.Namespace) -> None:
+    """Each part of an xor delta's encode and apply alone, on one thread, over the bench's model."""
+    base, new = synthetic(args.mib, args.changed)
+    size = sum(t.data.size for t in base)
+    mc = Memcpy(size)
+    work = Path(tempfile.mkdtemp(prefix="rlgw-bench-", dir=args.dir))
+    mask = np.empty(SCAN_BLOCK, dtype=bool)
+
+    def blocks(fn) -> None:
+        for n, b in zip(new, base, strict=True):
+            for pos in range(0, n.data.size, SCAN_BLOCK):
+                end = pos + SCAN_BLOCK
+                fn(n.data[pos:end].view(np.uint64), b.data[pos:end].view(np.uint64))
+
+    def compare(nw: np.ndarray, ow: np.ndarray) -> np.ndarray:
+        return np.not_equal(nw, ow, out=mask[: nw.size])
+
+    def changed_words(nw: np.ndarray, ow: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(compare(nw, ow))
+
+    def changed_elements(nw: np.ndarray, ow: np.ndarray) -> None:
+        at = changed_words(nw, ow)
+        sub = np.flatnonzero((nw[at] ^ ow[at]).view(np.uint16) != 0)
+        (at[sub >> 2] << 2) | (sub & 3)
+
+    digests = [ck.digest(b.data) for b in base]
+    payloads = [
+        encode_tensor(n, b.data, d, "xor").payload for n, b, d in zip(new, base, digests, strict=True)
+    ]
+    raw = [zstd.ZstdDecompressor().decompress(p) for p in payloads]
+    cctx = zstd.ZstdCompressor(level=args.level, write_content_size=True)
+    index0 = write_full_version(work / "pub", 0, base, durable=False)
+    pairs = [(n, b.data) for n, b in zip(new, base, strict=True)]
+    jobs = list(zip(pairs, digests, strict=True))
+    delta = write_delta_version(work / "pub", 1, index0, pairs, "xor", level=args.level, durable=False)
+    v0, v1, out_dir = work / "pub" / ck.version_dirname(0), work / "pub" / ck.version_dirname(1), work / "out"
+    out_dir.mkdir()
+    src = v0 / "model.safetensors"
+    fsize = src.stat().st_size
+    sf, stored = SafetensorsFile(src), SafetensorsFile(v1 / DELTA_FILE)
+
+    def decode() -> None:
+        for name in stored.entries:
+            _SparsePatch(stored.raw(name), delta.tensors[name])
+
+    def copy(write: bool, patched: bool = False) -> None:
+        """What apply does to every tensor: read, (patch,) hash and (write) it, chunk by chunk."""
+        fd = os.open(src, os.O_RDONLY)
+        dst = open_output(out_dir / "model.safetensors", fsize) if write else None
+        try:
+            for name, e in sf.entries.items():
+                patch = _SparsePatch(stored.raw(name), delta.tensors[name]) if patched else None
+                off = sf.data_start + e.start
+                stream_tensor(fd, off, e.nbytes, dst, off, patch)
+        finally:
+            os.close(fd)
+            if dst is not None:
+                os.close(dst)
+
+    encode = [
+        ("memcpy (np.copyto)", mc),
+        ("xxh3-128 of the new bytes", lambda: [ck.digest(n.data) for n in new]),
+        ("compare 8-byte words (np.not_equal)", lambda: blocks(compare)),
+        ("  + find the changed words (np.flatnonzero)", lambda: blocks(changed_words)),
+        ("  + split them into changed elements", lambda: blocks(changed_elements)),
+        (f"zstd level {args.level} of the sparse payloads", lambda: [cctx.compress(r) for r in raw]),
+        ("encode_tensor (all of it)", lambda: [encode_tensor(*p, d, "xor") for p, d in jobs]),
+    ]
+    apply = [
+        ("decode the sparse payloads (zstd, cumsum)", decode),
+        ("pread the base + hash (no write)", lambda: copy(False)),
+        ("pread + hash + pwrite the new file", lambda: copy(True)),
+        ("pread + decode + patch + hash + pwrite", lambda: copy(True, True)),
+        ("apply_delta (all of it)", lambda: apply_delta(v0, v1, out_dir, workers=1)),
+    ]
+    print(f"parts, one thread: {len(base)} bf16 tensors, {size / 2**20:.0f} MiB, {args.changed:.1%} changed")
+    try:
+        ref_cpu = 0.0
+        for title, rows in (("xor encode", encode), ("xor apply", apply)):
+            print(title)
+            for label, fn in rows:
+                secs = timed(fn, args.reps)
+                ref_cpu = ref_cpu or timed.cpu
+                part_line(label, size, secs, timed.cpu, ref_cpu)
+    finally:
+        sf.close()
+        stored.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def _broadcast_rank(rank: int, port: int, mib: int, reps: int, bucket: int, out) -> None:
     """One rank of the broadcast comparison: raw per-tensor broadcasts, then rlgw's buckets."""
     import torch
@@ -256,7 +369,11 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3, help="repetitions; the best is printed (default 3)")
     p.add_argument("--dir", default=None, help="scratch directory (default: the system temp dir)")
     p.add_argument("--skip-broadcast", action="store_true", help="skip the gloo broadcast comparison")
+    p.add_argument("--parts", action="store_true", help="time each part of delta encode/apply instead")
     args = p.parse_args()
+    if args.parts:
+        parts(args)
+        return
     lim = limits(args.mib << 20)
     print(f"physical limits here: memcpy {lim['memcpy']:.2f} GB/s, xxh3-128 {lim['xxh3-128']:.2f} GB/s")
     disk_paths(args)

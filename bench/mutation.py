@@ -96,6 +96,7 @@ CORE: dict[str, list[str]] = {
         "tests/sync/test_delta_digest.py",
         "tests/sync/test_delta_gaps.py",
         "tests/sync/test_delta_wide_gaps.py",
+        "tests/sync/test_delta_blocks.py",
         "tests/sync/test_durable_defaults.py",
     ],
     "sync/pull.py": [
@@ -286,13 +287,6 @@ EXCUSED: dict[tuple[str, str, str], str] = {
     ("sync/delta.py", "1 -> 2", "level: int = 1,"): _LEVEL,
     ("sync/delta.py", "0 -> 1", 'payload, count, layout = b"".join(frames), 0, "dense"'): (
         "equivalent: `count` is read only for the sparse layout"
-    ),
-    ("sync/delta.py", "FloorDiv -> Mult", "step = CHUNK // nv.itemsize"): (
-        "equivalent: the scan's step changes its memory use, not the positions found nor the "
-        "sparse/dense decision (the count is compared after each step either way)"
-    ),
-    ("sync/delta.py", "0 -> 1", "return np.concatenate(parts) if parts else np.empty(0, np.int64)"): (
-        "equivalent: only a tensor of no elements has no parts, and it is always unchanged (returned earlier)"
     ),
     ("sync/delta.py", "1 -> 2", "if self.reader.read(1):"): (
         "equivalent: any byte left means the payload is longer; reading two finds it as well"

@@ -7,11 +7,13 @@ Each attempt is one gateway session with two chat turns (the `openai` SDK, `tool
 The verifier pays 1 when the model called `locate` and its answer is the tool's city, else 0: a
 model that answers without calling, or ignores the result, is right by chance only (1 in 8).
 
-A tiny random model cannot write a tool call's JSON by chance, so `warm_start` first teaches the
-format by supervised steps (call `locate`; after its result, answer with a city drawn independently
-of it): what RL must then learn is to read the result. Sampling is unconstrained, so the trainer's
-logprobs are the engine's on every token. This module owns the task, its reward and its warm start,
-not the recording (the gateway's) or training.
+The task's fixture is `tests/fixtures/tiny-reader`, pretrained to copy a value out of a user message or
+another tool's result (never `locate`'s, never these cities in a tool result). `warm_start` first teaches the
+task's turns by a few supervised steps (call `locate`; after its result, answer with a city drawn
+independently of it), so iteration 0 names the result's city by chance (about 1 in 8): what RL must then
+learn is to read the result in this task. Sampling is unconstrained, so the trainer's logprobs are the
+engine's on every token. This module owns the task, its reward and its warm start, not the recording (the
+gateway's) or training.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def _warm_start_rows(tokenizer: Any, rng: random.Random) -> list[tuple[list[int]
 
 
 def warm_start(
-    src: Path, dst: Path, *, steps: int = 150, batch: int = 16, lr: float = 3e-3, seed: int = 0
+    src: Path, dst: Path, *, steps: int = 15, batch: int = 16, lr: float = 2e-3, seed: int = 0
 ) -> Path:
     """Copy the checkpoint at `src` to `dst`, taught the task's format by `steps` supervised steps."""
     import shutil
@@ -147,12 +149,13 @@ def main() -> None:
     import argparse
 
     p = argparse.ArgumentParser(description="warm-start a checkpoint for trainer/configs/tool-tiny.json")
-    p.add_argument("src", type=Path, help="a HF checkpoint directory (e.g. tests/fixtures/tiny-qwen3)")
+    p.add_argument("src", type=Path, help="a HF checkpoint directory (e.g. tests/fixtures/tiny-reader)")
     p.add_argument("dst", type=Path, help="where to write the warm-started copy (e.g. rlgw-tool-model)")
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    print(f"wrote {warm_start(args.src, args.dst, steps=args.steps, seed=args.seed)}")
+    print(f"wrote {warm_start(args.src, args.dst, steps=args.steps, lr=args.lr, seed=args.seed)}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
-"""The built-in tool task (trainer/configs/tool-tiny.json): its verifier, and (slow) its sessions train.
+"""The built-in tool task (trainer/configs/tool-tiny*.json): its verifier, fixture, and sessions that learn.
 
-The run is a real `rlgw train` process on the tiny Qwen3 fixture after the task's format warm start
-(`warm_start`, once per module): two-turn gateway sessions with `tools=[locate]`, the tool's result sent
-back as a `tool` message (mask 0), the trainer's logprobs equal to the engine's on every token.
+The runs are real `rlgw train` processes on `tests/fixtures/tiny-reader` (pretrained to copy a value out of
+its context, never out of `locate`'s result) after the task's format warm start (`warm_start`, once per
+module: it calls `locate`, then answers a city drawn apart from the result, so iteration 0 reads by chance):
+two-turn gateway sessions with `tools=[locate]`, the tool's result sent back as a `tool` message (mask 0),
+the trainer's logprobs equal to the engine's on every token. Slow: two iterations. Long (`RLGW_LONG=1`), the
+goal, expected to fail for now (xfail): the reward rises from below 0.2 in the first iteration to above 0.8
+in the last two, for three seeds with the torch trainer and once with Megatron at tp=2 on two processes.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rlgw.trainer.config import TrainConfig
 from rlgw.trainer.tool_task import tool_reward, warm_start
 from tests.support.procs import FIXTURES, REPO
 
 CONFIG = REPO / "trainer" / "configs" / "tool-tiny.json"
+MEGATRON_CONFIG = REPO / "trainer" / "configs" / "tool-tiny-megatron.json"
+READER = FIXTURES / "tiny-reader"
 
 
 def test_the_verifier_pays_a_call_and_the_results_city_only() -> None:
@@ -29,10 +38,43 @@ def test_the_verifier_pays_a_call_and_the_results_city_only() -> None:
     assert tool_reward(True, None, "Cairo") == 0.0
 
 
+def test_the_configs_are_the_tool_task_on_each_trainer() -> None:
+    torch_cfg, megatron_cfg = TrainConfig.from_file(CONFIG), TrainConfig.from_file(MEGATRON_CONFIG)
+    assert torch_cfg.rollouts.kind == megatron_cfg.rollouts.kind == "tool"
+    assert (torch_cfg.trainer, megatron_cfg.trainer, megatron_cfg.parallel.world) == ("torch", "megatron", 2)
+
+
+def test_the_reader_fixture_copies_a_value_out_of_another_tools_result() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.fixtures.build_reader_fixture import next_probs, tool_turns
+
+    tok = AutoTokenizer.from_pretrained(READER)
+    model = AutoModelForCausalLM.from_pretrained(READER).eval()
+    rng = random.Random(0)
+    for value in ("Nairobi", "Parser", "Handler"):
+        tools, turns = tool_turns(value, rng)
+        assert tok.decode(int(next_probs(model, tok, turns[1][0], tools).argmax())) == value
+
+
+def train(config: Path, work: Path, *extra: str) -> list[dict]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "train", "--config", str(config),
+         "--work-dir", str(work), "--no-progress", *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    receipts = [json.loads(line) for line in (work / "receipts.jsonl").read_text().splitlines()]
+    for r in receipts:
+        assert r["published"]["served_versions"] == [str(r["iteration"] + 1)]
+        assert r["logprob_gap_max"] <= 1e-3 and r["is_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    return receipts
+
+
 def _tool_output_masked(dump: Path) -> bool:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(FIXTURES / "tiny-qwen3")
+    tok = AutoTokenizer.from_pretrained(READER)
     start, end = tok.convert_tokens_to_ids(["<tool_response>", "</tool_response>"])
     seen = False
     for line in dump.read_text().splitlines():
@@ -48,26 +90,41 @@ def _tool_output_masked(dump: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def warm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return warm_start(FIXTURES / "tiny-qwen3", tmp_path_factory.mktemp("tool") / "model")
+    return warm_start(READER, tmp_path_factory.mktemp("tool") / "model")
 
 
 @pytest.mark.slow
 def test_tool_sessions_train_with_the_tool_output_masked(warm_model: Path, tmp_path: Path) -> None:
-    """Two iterations: the warm-started model calls the tool, its result is mask 0, logprobs agree.
-
-    That the reward then rises above 0.8 is NOT shown: on this fixture it rose only to 0.17-0.28 in
-    16 iterations (see the README's Train section).
-    """
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "train", "--config", str(CONFIG),
-         "--model", str(warm_model), "--work-dir", str(tmp_path), "--iterations", "2", "--no-progress",
-         "--dump-rollouts", str(tmp_path / "dumps")],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    receipts = [json.loads(line) for line in (tmp_path / "receipts.jsonl").read_text().splitlines()]
-    assert receipts[0]["reward_mean"] < 0.2  # one city in eight by chance at most, before any reading
-    for r in receipts:
-        assert r["published"]["served_versions"] == [str(r["iteration"] + 1)]
-        assert r["logprob_gap_max"] <= 1e-3 and r["is_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    """Two iterations: the warm-started model calls the tool, its result is mask 0, logprobs agree."""
+    receipts = train(CONFIG, tmp_path, "--model", str(warm_model), "--iterations", "2",
+                     "--dump-rollouts", str(tmp_path / "dumps"))  # fmt: skip
+    # one city in eight by chance before any reading; 64 sessions put 0.3 four standard deviations above it
+    assert receipts[0]["reward_mean"] < 0.3
     assert _tool_output_masked(tmp_path / "dumps" / "iteration-00000.jsonl")
+
+
+# The goal, not reached yet (README, Train section): on tiny-reader the reward rises from about 0.1 to about
+# 0.5 and levels off there. Kept as the statement of the goal; `strict=False` as a seed might pass by chance.
+NOT_YET = pytest.mark.xfail(reason="the tool task levels off near 0.5 on tiny-reader", strict=False)
+
+
+def _learns(receipts: list[dict]) -> None:
+    rewards = [r["reward_mean"] for r in receipts]
+    assert rewards[0] < 0.2, rewards
+    assert sum(rewards[-2:]) / 2 > 0.8, rewards
+
+
+@NOT_YET
+@pytest.mark.long
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_tool_task_learns_to_read_the_result(warm_model: Path, tmp_path: Path, seed: int) -> None:
+    _learns(train(CONFIG, tmp_path, "--model", str(warm_model), "--seed", str(seed)))
+
+
+@NOT_YET
+@pytest.mark.long
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
+def test_the_tool_task_learns_with_megatron_tp2(warm_model: Path, tmp_path: Path) -> None:
+    _learns(train(MEGATRON_CONFIG, tmp_path, "--model", str(warm_model), "--nproc-per-node", "2"))

@@ -47,7 +47,10 @@ def check_versions_and_sessions(receipts: list[dict], iterations: int | None = N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
+# Seed 0 in every run; seeds 1 and 2 (30 s each) in the long tier, to keep CI's run under 30 minutes.
+@pytest.mark.parametrize(
+    "seed", [0, pytest.param(1, marks=pytest.mark.long), pytest.param(2, marks=pytest.mark.long)]
+)
 def test_the_loop_learns_to_answer_with_the_word(tmp_path: Path, seed: int) -> None:
     # The engine's sampling is not seeded per request, so a seed does not fix a run: an iteration in
     # which none of the 32 samples says "It" teaches nothing, and a run that starts with several

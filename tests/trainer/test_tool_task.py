@@ -1,12 +1,12 @@
 """The built-in tool task (trainer/configs/tool-tiny*.json): its verifier, fixture, and sessions that learn.
 
 The runs are real `rlgw train` processes on `tests/fixtures/tiny-reader` (pretrained to copy a value out of
-its context, never out of `locate`'s result) after the task's format warm start (`warm_start`, once per
-module: it calls `locate`, then answers a city drawn apart from the result, so iteration 0 reads by chance):
-two-turn gateway sessions with `tools=[locate]`, the tool's result sent back as a `tool` message (mask 0),
-the trainer's logprobs equal to the engine's on every token. Slow: two iterations. Long (`RLGW_LONG=1`), the
-goal, expected to fail for now (xfail): the reward rises from below 0.2 in the first iteration to above 0.8
-in the last two, for three seeds with the torch trainer and once with Megatron at tp=2 on two processes.
+a user message or another tool's result, never out of `locate`'s) after the task's format warm start
+(`warm_start`, once per module: it calls `locate`, then answers a city drawn apart from the result, so
+iteration 0 reads by chance): two-turn gateway sessions with `tools=[locate]`, the tool's result sent back as
+a `tool` message (mask 0), the trainer's logprobs equal to the engine's on every token. Slow: two iterations.
+Long (`RLGW_LONG=1`), the goal: the reward rises from below 0.2 in the first iteration to above 0.8 in the
+last two, for three seeds with the torch trainer and once with Megatron at tp=2 on two processes.
 """
 
 from __future__ import annotations
@@ -103,18 +103,12 @@ def test_tool_sessions_train_with_the_tool_output_masked(warm_model: Path, tmp_p
     assert _tool_output_masked(tmp_path / "dumps" / "iteration-00000.jsonl")
 
 
-# The goal, not reached yet (README, Train section): on tiny-reader the reward rises from about 0.1 to about
-# 0.5 and levels off there. Kept as the statement of the goal; `strict=False` as a seed might pass by chance.
-NOT_YET = pytest.mark.xfail(reason="the tool task levels off near 0.5 on tiny-reader", strict=False)
-
-
 def _learns(receipts: list[dict]) -> None:
     rewards = [r["reward_mean"] for r in receipts]
     assert rewards[0] < 0.2, rewards
     assert sum(rewards[-2:]) / 2 > 0.8, rewards
 
 
-@NOT_YET
 @pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -122,7 +116,6 @@ def test_the_tool_task_learns_to_read_the_result(warm_model: Path, tmp_path: Pat
     _learns(train(CONFIG, tmp_path, "--model", str(warm_model), "--seed", str(seed)))
 
 
-@NOT_YET
 @pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")

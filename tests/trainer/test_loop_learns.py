@@ -18,20 +18,14 @@ from pathlib import Path
 import pytest
 
 from tests.support.procs import REPO
-from tests.trainer.support import tensorboard_scalars
+from tests.trainer.support import run_train, tensorboard_scalars
 
 CONFIG = REPO / "trainer" / "configs" / "word-tiny.json"
 LEARNING_ITERATIONS = 16
 
 
 def train(work: Path, *extra: str) -> list[dict]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "train", "--config", str(CONFIG),
-         "--work-dir", str(work), "--no-progress", *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads(line) for line in (work / "receipts.jsonl").read_text().splitlines()]
+    return run_train(CONFIG, work, *extra, timeout=600)
 
 
 def check_versions_and_sessions(receipts: list[dict], iterations: int | None = None) -> None:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ import pytest
 from rlgw.trainer.config import TrainConfig
 from rlgw.trainer.tool_task import tool_reward, warm_start
 from tests.support.procs import FIXTURES, REPO
+from tests.trainer.support import run_train
 
 CONFIG = REPO / "trainer" / "configs" / "tool-tiny.json"
 MEGATRON_CONFIG = REPO / "trainer" / "configs" / "tool-tiny-megatron.json"
@@ -58,13 +57,8 @@ def test_the_reader_fixture_copies_a_value_out_of_another_tools_result() -> None
 
 
 def train(config: Path, work: Path, *extra: str) -> list[dict]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlgw.bin.main", "--log-level", "warning", "train", "--config", str(config),
-         "--work-dir", str(work), "--no-progress", *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    receipts = [json.loads(line) for line in (work / "receipts.jsonl").read_text().splitlines()]
+    """`rlgw train`'s receipts, each checked: served version i+1, trainer logprobs equal to the engine's."""
+    receipts = run_train(config, work, *extra)
     for r in receipts:
         assert r["published"]["served_versions"] == [str(r["iteration"] + 1)]
         assert r["logprob_gap_max"] <= 1e-3 and r["is_ratio_mean"] == pytest.approx(1.0, abs=1e-3)

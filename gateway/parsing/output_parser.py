@@ -14,9 +14,12 @@ buffer is held back, and, when a parser is active, trailing whitespace (see belo
 servers stream calls: ``tool_call_start`` (the name), then ``tool_call_args`` pieces of the
 arguments text exactly as the model writes it, up to the object's closing brace; that text is
 the call's `arguments`, and a block that then does not parse to exactly that call keeps the
-call and records ``streamed_call_mismatch``. A generation cut inside the arguments object (no
-closing brace) is no call: its block is content, flagged, as below (the stream's last chunk
-says `length`). Any other block is buffered until it closes and
+call and records ``streamed_call_mismatch``. That holds for a generation that ends inside the
+arguments object too (a stop token or the length limit before its closing brace): the agent was
+already sent the call, will run or refuse it and echo it back by its id, so it stays the call,
+its arguments the unfinished text the model wrote, and nothing of it is sent again as content
+(the gateway once turned it into content, so the agent held a call the ledger had not minted and
+its echo split the sample; seen with Claude Code). Any other block is buffered until it closes and
 then parsed (`tool_calls.parse_block`): a valid block gives one ``tool_call`` event per call;
 an invalid one goes out whole as ``content`` and a `ParseError` is recorded. Each character is
 scanned a bounded number of times (a scan position and a short carry, never the whole buffer).
@@ -353,14 +356,15 @@ class OutputParser:
         parsed = parse_block(self._fmt, block, self._schemas, terminated=terminated)
         self._errors.extend(parsed.errors)
         arg, self._arg, self._head, self._lead_seen = self._arg, None, "", False
-        if arg is not None and arg.done:
+        if arg is not None:
             # The call went out as it was sampled: it stays a call, with the arguments text the
             # model wrote (what the agent was streamed); a block that does not parse to exactly
             # that call is flagged.
             raw = "".join(arg.parts)
-            if not (
-                parsed.ok and len(parsed.calls) == 1 and arg.done and _same_object(raw, parsed.calls[0][1])
-            ):
+            if not arg.done:
+                detail = "generation ended inside the arguments of a call already streamed"
+                self._errors.append(ParseError(STREAMED_MISMATCH, detail, TOOL_CALL_START + block))
+            elif not (parsed.ok and len(parsed.calls) == 1 and _same_object(raw, parsed.calls[0][1])):
                 detail = "the block is not the one call whose name and arguments were streamed"
                 self._errors.append(ParseError(STREAMED_MISMATCH, detail, TOOL_CALL_START + block))
             self._calls.append(ToolCall(arg.index, arg.name, raw))

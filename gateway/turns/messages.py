@@ -494,8 +494,6 @@ async def stream_chat(
         if result is None:
             raise RuntimeError("the engine stream ended without a result")
         parsed = decoder.parser.result()
-        # A call cut inside its arguments was started in the stream but is no call (content).
-        del call_ids[len(parsed.tool_calls) :]
         _check_calls(params, parsed)
         notes = _turn_notes(params, sampling, response_id)
         await _commit(profile, turn, plan, result, parsed, call_ids, response_id, overridden, notes, sampling)

@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from tests.support.fault_engine import FaultEngine
@@ -252,3 +253,64 @@ def test_a_turn_ended_by_another_eos_is_closed_by_the_template(gw: str, fe: Faul
     # The sampled <|endoftext|> stays (mask 1); the template's <|im_end|> follows it (mask 0).
     assert tokens[first_end - 1] == fe.other_eos and doc["loss_mask"][len(fe.reply) - 1] == 1
     assert tokens[first_end] == fe.eos and doc["loss_mask"][len(fe.reply)] == 0
+
+
+RUN = {
+    "name": "run",
+    "description": "Run a command",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+}
+CUT = '<tool_call>\n{"name": "run", "arguments": {"command": "echo hi'  # then the stop token
+
+
+def test_a_streamed_call_cut_inside_its_arguments_is_echoed_into_the_same_sample(
+    gw: str, fe: FaultEngine, tiny_qwen3: Any
+) -> None:
+    """The model stops inside a call's arguments (tiny-agent did under Claude Code): the agent was
+    streamed the call, runs or refuses it and echoes it by id; that extends the sample, on Chat and
+    Messages, and the non-streamed reply holds the same call."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    saved, fe.reply = fe.reply, [*tok.encode(CUT, add_special_tokens=False), fe.eos]
+    n = len(fe.reply)
+    try:
+        s = session(gw)
+        c = client(s)
+        tools = [{"type": "function", "function": RUN}]
+        chunks = list(c.chat.completions.create(model="m", messages=USER, tools=tools, stream=True))
+        deltas = [tc for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or []]
+        content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        call_id, args = deltas[0].id, "".join(d.function.arguments or "" for d in deltas)
+        assert deltas[0].function.name == "run" and args == '{"command": "echo hi' and content == ""
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+        call = {"id": call_id, "type": "function", "function": {"name": "run", "arguments": args}}
+        history = [*USER, {"role": "assistant", "content": None, "tool_calls": [call]}]
+        history.append({"role": "tool", "tool_call_id": call_id, "content": "error: arguments are not JSON"})
+        reply = c.chat.completions.create(model="m", messages=history, tools=tools)
+        assert reply.choices[0].message.tool_calls[0].function.arguments == args  # not streamed: the same
+        assert not reply.choices[0].message.content
+
+        # Messages, as Claude Code echoes the call it could not parse.
+        auth = {"x-api-key": s["api_key"]}
+        body = {"model": "m", "max_tokens": 64, "tools": [{"name": "run", "input_schema": RUN["parameters"]}]}
+        first = {**body, "messages": [{"role": "user", "content": "again"}]}
+        m = httpx.post(gw + "/v1/messages", json={**first, "stream": True}, headers=auth, timeout=30)
+        events = [orjson.loads(line[6:]) for line in m.text.splitlines() if line.startswith("data: ")]
+        starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+        assert [b["type"] for b in starts] == ["tool_use"], starts  # no text block repeats the call
+        echoed = {"type": "tool_use", "id": starts[0]["id"], "name": "run",
+                  "input": {"__unparsedToolInput": {"raw": '{"command": "echo hi', "len": 19}}}  # fmt: skip
+        result = {"type": "tool_result", "tool_use_id": echoed["id"], "content": "not JSON", "is_error": True}
+        later = [*first["messages"], {"role": "assistant", "content": [echoed]}]
+        later.append({"role": "user", "content": [result]})
+        m2 = httpx.post(gw + "/v1/messages", json={**body, "messages": later}, headers=auth, timeout=30)
+        assert m2.status_code == 200, m2.text
+        assert [b["type"] for b in m2.json()["content"]] == ["tool_use"]
+        assert m2.json()["content"][0]["input"] == {}  # `input` must be an object
+        summary = finish(gw, s["session_id"])
+    finally:
+        fe.reply = saved
+    # Two conversations (Chat, Messages), each one sample of two turns: no rewrite split either.
+    assert summary["segments"] == 2, summary
+    assert [x["trainable_tokens"] for x in summary["samples"]] == [2 * n] * 2

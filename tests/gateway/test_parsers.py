@@ -184,16 +184,36 @@ def test_hermes_accepts_an_unterminated_last_call():
     assert r.errors == []
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen25", "qwen3_coder"])
-def test_unterminated_incomplete_call_becomes_content_and_is_flagged(fmt):
-    body = '{"name": "get_weather", "arguments": {"ci' if fmt != "qwen3_coder" else "<function=get_weather>"
+@pytest.mark.parametrize(
+    ("fmt", "body"),
+    [
+        ("hermes", '{"name": "get_wea'),  # cut before its head was known: nothing of it streamed
+        ("qwen25", '{"name": "get_weather", "argu'),
+        ("qwen3_coder", "<function=get_weather>"),  # this format never streams a call
+    ],
+)
+def test_unterminated_incomplete_call_becomes_content_and_is_flagged(fmt, body):
     text = "Checking.\n<tool_call>\n" + body
     events, r = parse(text, tool_format=fmt, chunks=[text[:-3], text[-3:]])
     assert r.errors[0].kind == "unterminated" and r.errors[0].raw == "<tool_call>\n" + body
     assert joined(events, "content") == r.content
-    # Cut inside its arguments: no call, even where its start streamed.
     assert r.tool_calls == [] and r.content == "Checking.\n<tool_call>\n" + body
     assert len(r.errors) == 1
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen25"])
+@pytest.mark.parametrize("end", ["", "\n</tool_call>"])
+def test_a_call_cut_inside_its_streamed_arguments_stays_the_call_the_agent_was_sent(fmt, end):
+    # What tiny-agent did under Claude Code: a stop token (or the length limit) inside the arguments.
+    # The agent already holds the call; as content too it would hold both and its echo (the call,
+    # by id) would match nothing the ledger minted.
+    args = '{"command": "echo hello > hello.txt'
+    text = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": ' + args + end
+    events, r = parse(text, tool_format=fmt, chunks=[text[:40], text[40:-3], text[-3:]])
+    assert r.tool_calls == [ToolCall(0, "get_weather", args + end.removesuffix("</tool_call>"))]
+    assert streamed(events) == r.tool_calls
+    assert r.content == "Checking." and joined(events, "content") == r.content
+    assert r.errors[-1].kind == "streamed_call_mismatch" and "already streamed" in r.errors[-1].detail
 
 
 def test_qwen25_unterminated_complete_json_is_still_unterminated():

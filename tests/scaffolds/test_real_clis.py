@@ -66,7 +66,9 @@ SAMPLES: dict[str, list[list[str]]] = {
     "opencode": [["start", "new_conversation"]],
     "qwen-code": [["start"]],
     "pi": [["start"]],
-    # main (the Agent call, then the answer after the subagent), the subagent (Bash, the result, an answer)
+    # main (the Agent call, then what tiny-agent makes of the hand-back, whose agent id and timings vary from
+    # run to run: an answer, or first a call Claude Code refuses, sometimes cut inside its arguments), the
+    # subagent (Bash, the result, an answer)
     "claude-code-agent": [["start", "new_conversation"]],
 }
 
@@ -120,9 +122,10 @@ async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, run: str
     detail = f"{r.termination} {r.failed_stage} {r.error}\n{r.detail}\n{r.output_tail[-3000:]}"
     spans = [check_token_exact(st, stored(st, s["cursor"])) for s in r.samples]
     causes = [d.metadata.get("segment_cause") for d in docs]
+    details = [d.metadata.get("segment_cause_detail") for d in docs[1:]]  # why each later sample began
     print(f"REAL-CLI {run:<18} exit={r.exit_code} reason={r.termination} reward={r.reward} "
           f"samples={len(r.samples)} requests_per_sample={spans} causes={causes} "
-          f"wall={r.duration_s:.0f}s")  # fmt: skip
+          f"wall={r.duration_s:.0f}s details={details}")  # fmt: skip
     assert r.failed_stage is None and r.exit_code == 0, detail
     assert r.termination is TerminationReason.FINISH, detail
     assert r.reward == 1.0, detail  # the CLI ran the fixture's tool call in the workspace

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rlgw.gateway.ids import derived_seed
 from rlgw.gateway.trajectories.client import GatewayClient
 
 
@@ -80,9 +81,13 @@ async def run_attempts(
     attempts: list[Attempt],
     sampling: dict[str, Any],
     concurrency: int,
+    seed: int | None = None,
 ) -> CollectResult:
     """Run each attempt as one capture session (at most `concurrency` at once), finished with its reward.
 
+    With `seed`, each session samples with its own seed derived from (`seed`, its rollout id), and the
+    gateway seeds its turns from that: a run with the same seed samples the same tokens (on one engine
+    build, as the engine's own seeding promises), and no two attempts share a random stream.
     An attempt whose episode raises is finished as `failed` with reward 0 and counted in `failed_runs`.
     """
     import openai
@@ -97,11 +102,12 @@ async def run_attempts(
 
         async def run(a: Attempt) -> None:
             async with gate:
+                seeded = sampling if seed is None else {**sampling, "seed": derived_seed(seed, a.rollout_id)}
                 s = await gw.create_session(
                     a.task_id,
                     rollout_id=a.rollout_id,
                     group_index=a.group_index,
-                    sampling=sampling,
+                    sampling=seeded,
                     metadata=a.metadata,
                 )
                 agent = sdk.with_options(base_url=s.base_url, api_key=s.api_key)
@@ -162,7 +168,7 @@ class ChatRollouts:
             for k in range(self.group_size)
         ]
         sampling = {"temperature": self.temperature, "top_p": 1.0, "top_k": -1}
-        return await run_attempts(gateway_url, gateway_key, attempts, sampling, self.concurrency)
+        return await run_attempts(gateway_url, gateway_key, attempts, sampling, self.concurrency, self.seed)
 
 
 @dataclass(slots=True)

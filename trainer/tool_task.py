@@ -74,7 +74,7 @@ class ToolRollouts:
             for k, city in enumerate(row)
         ]
         sampling = {"temperature": self.temperature, "top_p": 1.0, "top_k": -1}
-        return await run_attempts(gateway_url, gateway_key, attempts, sampling, self.concurrency)
+        return await run_attempts(gateway_url, gateway_key, attempts, sampling, self.concurrency, self.seed)
 
     async def _episode(self, agent: Any, city: str) -> float:
         messages: list[dict[str, Any]] = [{"role": "user", "content": PROMPT}]

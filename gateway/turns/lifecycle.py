@@ -40,6 +40,7 @@ import numpy as np
 from rlgw.gateway import metrics
 from rlgw.gateway.engine_client.backend import GenerationResult, new_rid
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded, SessionMoved
+from rlgw.gateway.ids import derived_seed
 from rlgw.gateway.ledger.ledger import Cause, Policy, TurnCommit, Violation, check_sampled, message_digest
 from rlgw.gateway.ledger.record import TurnRecord
 from rlgw.gateway.model.profile import ModelProfile
@@ -271,6 +272,13 @@ def engine_sampling(
             overridden[k] = v
         else:
             sp[k] = v
+    agents_seed = "sampling_seed" in requested and "sampling_seed" not in overridden
+    if "sampling_seed" in sp and not agents_seed:
+        # A session's seed makes the session repeatable, turn by turn: turn k (in the order turns
+        # take the session's lock) draws with a seed derived from (seed, k). The seed itself on
+        # every turn would replay one random stream in all of them, correlating the turns'
+        # draws. An agent's own seed (where the agent's sampling applies) is sent as it is.
+        sp["sampling_seed"] = derived_seed(sp["sampling_seed"], session.turns + session.failed_turns)
     if max_new is None:  # no cap named: the gateway's default, within the context
         max_new = min(room, profile.default_max_tokens or room)
     sp["max_new_tokens"] = int(max_new)

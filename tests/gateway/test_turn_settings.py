@@ -13,6 +13,7 @@ import orjson
 import pytest
 from transformers import AutoTokenizer
 
+from rlgw.gateway.ids import derived_seed
 from tests.gateway.test_api import USER, A, _rewrite, client, finish, session
 from tests.support.fault_engine import FaultEngine
 
@@ -23,13 +24,29 @@ def _reset(fe: FaultEngine) -> None:
     fe.calls.clear()
 
 
-def test_a_sessions_seed_reaches_the_engine_and_the_agents_is_overridden(gw: str, fe: FaultEngine) -> None:
-    s = session(gw, sampling={"seed": 7})
-    client(s).chat.completions.create(model="m", messages=USER, seed=99)
-    assert fe.calls[-1]["sampling_params"]["sampling_seed"] == 7
+def test_a_sessions_seed_seeds_each_turn_apart_and_the_agents_is_overridden(gw: str, fe: FaultEngine) -> None:
+    seeds = []
+    for _ in range(2):  # two sessions with one seed: the same seeds, turn by turn
+        s = session(gw, sampling={"seed": 7})
+        c = client(s)
+        c.chat.completions.create(model="m", messages=USER, seed=99)
+        c.chat.completions.create(model="m", messages=[*USER, {"role": "assistant", "content": "x"}, *USER])
+        seeds.append([call["sampling_params"]["sampling_seed"] for call in fe.calls[-2:]])
+    assert seeds[0] == seeds[1] == [derived_seed(7, 0), derived_seed(7, 1)]
+    assert len({7, *seeds[0]}) == 3  # neither turn replays the other's random stream
     summary = finish(gw, s["session_id"])
     doc = httpx.get(gw + f"/v1/trajectories/{summary['samples'][0]['cursor']}", headers=A).json()
     assert doc["metadata"]["agent_sampling"] == [{"turn": 0, "sampling_seed": 99}]
+
+
+def test_an_agents_own_seed_is_sent_as_it_is(gw: str, fe: FaultEngine) -> None:
+    s = session(gw, mode="eval", sampling={"seed": 7})  # eval: the agent's sampling applies
+    c = client(s)
+    for _ in range(2):
+        c.chat.completions.create(model="m", messages=USER, seed=99)
+    assert [call["sampling_params"]["sampling_seed"] for call in fe.calls[-2:]] == [99, 99]
+    c.chat.completions.create(model="m", messages=USER)  # none of its own: the session's, derived
+    assert fe.calls[-1]["sampling_params"]["sampling_seed"] == derived_seed(7, 2)
 
 
 def test_ignore_eos_reaches_the_engine(gw: str, fe: FaultEngine) -> None:

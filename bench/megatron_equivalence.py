@@ -72,7 +72,7 @@ def round_trips() -> None:
         for tp, pp, pad in itertools.product((1, 2), (1, 2), (128, 100)):
             split, rows = Split(tp, pp), padded_vocab(hf["vocab_size"], tp, pad)
             full = hf_to_megatron(hf, state)
-            pieces = {(t, p): shard(hf, full, split, t, p, rows) for t in range(tp) for p in range(pp)}
+            pieces = {(t, p, 0): shard(hf, full, split, t, p, rows) for t in range(tp) for p in range(pp)}
             back = megatron_to_hf(hf, unshard(hf, pieces, split))
             ok = set(back) == set(state) and all(torch.equal(back[k], v) for k, v in state.items())
             results.append(f"tp{tp}pp{pp} vocab {rows}: {'equal' if ok else 'DIFFERENT'}")

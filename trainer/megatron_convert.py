@@ -17,7 +17,8 @@ Three layers, each the exact inverse of its partner (round trips are bit for bit
   norm and the output layer on the last (with tied embeddings and pp > 1 the last stage keeps a
   copy of the embedding as its output layer, as megatron-core does); expert-parallel rank `r`
   holds experts [r * E / ep, (r + 1) * E / ep) under local numbers, each cut over TP as the dense
-  MLP is (megatron-core's default expert tensor-parallel size: tp).
+  MLP is (megatron-core's default expert tensor-parallel size: tp; the trainer does not yet train
+  a MoE model at tp > 1).
 This module knows nothing about process groups or models; `megatron_trainer` applies it per rank.
 """
 

@@ -4,9 +4,10 @@
 Supports the Llama/Qwen family (RMSNorm, SwiGLU, RoPE, grouped-query attention, Qwen3's per-head
 q/k norms, tied or untied embeddings) and Qwen3-MoE (megatron-core's MoE layer with HF's routing:
 softmax over the experts, top-k, renormalised or not as `norm_topk_prob` says; no load-balancing
-loss, no token dropping; experts as a `SequentialMLP`, spread over the expert-parallel ranks,
-each cut over TP). Each rank builds its piece of the model (its pipeline stage, its
-tensor-parallel slice, its experts), loads its shard of the HF weights (`megatron_convert`), and
+loss, no token dropping; experts as a `SequentialMLP`, spread over the expert-parallel ranks;
+not yet with tp > 1, see `moe_config`). Each rank builds its piece of the model (its pipeline
+stage, its tensor-parallel slice, its experts), loads its shard of the HF weights
+(`megatron_convert`), and
 wraps it in megatron-core's `DistributedDataParallel`; a step runs megatron-core's
 forward-backward schedule (1F1B across stages when pp > 1) over the rank's data-parallel share,
 `finalize_model_grads` reduces the gradients (summed over replicas: every share's loss is already
@@ -48,7 +49,9 @@ from rlgw.trainer.objective import LossConfig, engine_logits, merge_metrics, mic
 from rlgw.trainer.torch_trainer import OptimConfig, checkpoint_tensor_names, sampled_vocab, to_device
 
 
-def moe_config(hf: dict[str, Any], *, ep: int = 1, pp: int = 1, cpu: bool = True) -> dict[str, Any]:
+def moe_config(
+    hf: dict[str, Any], *, tp: int = 1, ep: int = 1, pp: int = 1, cpu: bool = True
+) -> dict[str, Any]:
     """`TransformerConfig` arguments for the HF config's MoE layers (none for a dense model).
 
     The router is HF Qwen3-MoE's: softmax over the experts, top-k, and with `norm_topk_prob` the
@@ -59,10 +62,18 @@ def moe_config(hf: dict[str, Any], *, ep: int = 1, pp: int = 1, cpu: bool = True
     Tokens reach the experts of other ranks by megatron-core's all-to-all dispatcher on a GPU; on
     a CPU by its all-gather one (the all-to-all one makes a `torch.cuda.Stream` when it is built),
     which refuses variable sequence lengths, so a MoE model on a CPU takes no pipeline (pp = 1).
+    Nor does it take tp > 1 (megatron-core 0.16): its MoE layer then trains only with sequence
+    parallelism, which the local spec's torch norms refuse (they need Apex or Transformer Engine).
     """
     if not num_experts(hf):
         # (no experts) the config refuses its default dispatcher with variable sequence lengths
         return {"moe_token_dispatcher_type": "alltoall"}
+    if tp > 1:
+        raise ValueError(
+            f"tp={tp} with a MoE model: megatron-core's MoE layer trains under tp > 1 only with sequence "
+            "parallelism, which its torch norms refuse (the local spec, without Apex or Transformer Engine); "
+            "use ep (and dp) for a MoE model"
+        )
     if cpu and pp > 1:
         raise ValueError(
             f"pp={pp} with a MoE model needs a GPU: on a CPU the experts' tokens move by megatron-core's "
@@ -122,7 +133,7 @@ def transformer_config(hf: dict[str, Any], *, tp: int = 1, pp: int = 1, ep: int 
         # the objective's micro-batch losses are already the step's shares: the schedule must not
         # divide them by the micro-batch count, nor DDP the gradients by the replica count
         calculate_per_token_loss=True,
-        **moe_config(hf, ep=ep, pp=pp, cpu=cpu),
+        **moe_config(hf, tp=tp, ep=ep, pp=pp, cpu=cpu),
     )
 
 

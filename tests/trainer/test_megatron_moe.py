@@ -2,9 +2,10 @@
 
 A tiny random Qwen3-MoE (built in the test's tmp dir) runs its forward through the Megatron
 trainer's own schedule (the recomputed old logprobs of the probe's synthetic step) and through
-`transformers`; with `norm_topk_prob` (Megatron's softmax over the top-k logits) and without it
-(the softmax over all experts, pre-top-k). The splits megatron-core cannot take are refused with
-reasons. The expert-parallel step itself is in `test_megatron_ranks.py`.
+`transformers`; with `norm_topk_prob` (Megatron's softmax over the top-k logits) and a dense
+second layer (`mlp_only_layers`), and without it (the softmax over all experts, pre-top-k) and
+every layer MoE. The splits megatron-core cannot take are refused with reasons. The
+expert-parallel step itself is in `test_megatron_ranks.py`.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def parallel():
         dist.destroy_process_group()
 
 
-def moe_model(out: Path, norm_topk_prob: bool) -> Path:
-    model = tiny_qwen3_moe(out)
+def moe_model(out: Path, norm_topk_prob: bool, mlp_only_layers: tuple[int, ...] = ()) -> Path:
+    model = tiny_qwen3_moe(out, mlp_only_layers=mlp_only_layers)
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "norm_topk_prob": norm_topk_prob}))
     return model
@@ -71,9 +72,15 @@ def compare(model: Path, device: str) -> float:
     return gap
 
 
-@pytest.mark.parametrize("norm_topk_prob", [True, False], ids=["topk-renormalised", "softmax-over-all"])
-def test_moe_logprobs_equal_hf_on_cpu(parallel, tmp_path: Path, norm_topk_prob: bool) -> None:
-    assert compare(moe_model(tmp_path, norm_topk_prob), "cpu") <= 1e-5
+@pytest.mark.parametrize(
+    ("norm_topk_prob", "mlp_only_layers"),
+    [(True, (1,)), (False, ())],
+    ids=["topk-renormalised-dense-layer", "softmax-over-all"],
+)
+def test_moe_logprobs_equal_hf_on_cpu(
+    parallel, tmp_path: Path, norm_topk_prob: bool, mlp_only_layers: tuple[int, ...]
+) -> None:
+    assert compare(moe_model(tmp_path, norm_topk_prob, mlp_only_layers), "cpu") <= 1e-5
 
 
 @pytest.mark.gpu
@@ -93,10 +100,12 @@ def test_expert_parallel_must_divide_the_data_parallel_ranks(parallel) -> None:
     assert ParallelSpec(dp=4, ep=2).world == 4  # expert parallelism adds no processes
 
 
-def test_moe_pipeline_on_cpu_is_refused() -> None:
+def test_moe_splits_megatron_core_cannot_take_are_refused() -> None:
     from rlgw.trainer.megatron_trainer import moe_config
 
     hf = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "num_hidden_layers": 2}
+    with pytest.raises(ValueError, match=r"tp=2 with a MoE model: .* sequence parallelism"):
+        moe_config(hf, tp=2, cpu=False)
     with pytest.raises(ValueError, match=r"pp=2 with a MoE model needs a GPU"):
         moe_config(hf, pp=2, cpu=True)
     assert moe_config(hf, pp=2, cpu=False)["moe_token_dispatcher_type"] == "alltoall"

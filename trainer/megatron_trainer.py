@@ -4,10 +4,9 @@
 Supports the Llama/Qwen family (RMSNorm, SwiGLU, RoPE, grouped-query attention, Qwen3's per-head
 q/k norms, tied or untied embeddings) and Qwen3-MoE (megatron-core's MoE layer with HF's routing:
 softmax over the experts, top-k, renormalised or not as `norm_topk_prob` says; no load-balancing
-loss, no token dropping; experts as a `SequentialMLP`, spread over the expert-parallel ranks;
-not yet with tp > 1, see `moe_config`). Each rank builds its piece of the model (its pipeline
-stage, its tensor-parallel slice, its experts), loads its shard of the HF weights
-(`megatron_convert`), and
+loss, no token dropping; experts as a `SequentialMLP`, spread over the expert-parallel ranks; not
+yet with tp > 1, see `moe_config`). Each rank builds its piece of the model (its pipeline stage,
+its tensor-parallel slice, its experts), loads its shard of the HF weights (`megatron_convert`), and
 wraps it in megatron-core's `DistributedDataParallel`; a step runs megatron-core's
 forward-backward schedule (1F1B across stages when pp > 1) over the rank's data-parallel share,
 `finalize_model_grads` reduces the gradients (summed over replicas: every share's loss is already
@@ -58,7 +57,7 @@ def moe_config(
     k weights renormalised to 1, which is megatron-core's softmax over the top-k logits
     (`moe_router_pre_softmax=False`); without it, the softmax over all experts' top-k
     (`pre_softmax=True`). No auxiliary loss and no capacity (no dropped tokens), so the loss is the
-    dense objective's; the experts are plain layers (no grouped GEMM), their tensor-parallel size tp.
+    dense objective's; the experts are plain layers (a `SequentialMLP`, no grouped GEMM).
     Tokens reach the experts of other ranks by megatron-core's all-to-all dispatcher on a GPU; on
     a CPU by its all-gather one (the all-to-all one makes a `torch.cuda.Stream` when it is built),
     which refuses variable sequence lengths, so a MoE model on a CPU takes no pipeline (pp = 1).

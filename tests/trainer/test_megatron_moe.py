@@ -110,3 +110,18 @@ def test_moe_splits_megatron_core_cannot_take_are_refused() -> None:
         moe_config(hf, pp=2, cpu=True)
     assert moe_config(hf, pp=2, cpu=False)["moe_token_dispatcher_type"] == "alltoall"
     assert moe_config(hf, cpu=True)["moe_token_dispatcher_type"] == "allgather"
+
+
+def test_expert_parallel_shares_are_even() -> None:
+    """Every rank of an expert-parallel group gets as many micro-batches, of one shape, and no new
+    trainable token (the ranks exchange tokens in every MoE layer of every micro-batch)."""
+    from rlgw.trainer.megatron_ranks import dp_share
+
+    step = synthetic_step(4096)
+    shapes = {tuple(mb.input_ids.shape) for mb in step.micro_batches}
+    assert len(shapes) > 1 and len(step.micro_batches) % 3  # uneven over 3 ranks to begin with
+    shares = [dp_share(step, r, 3, even=True) for r in range(3)]
+    assert len({len(s.micro_batches) for s in shares}) == 1
+    assert len({tuple(mb.input_ids.shape) for s in shares for mb in s.micro_batches}) == 1
+    trainable = sum(float(mb.loss_mask.sum()) for s in shares for mb in s.micro_batches)
+    assert trainable == sum(float(mb.loss_mask.sum()) for mb in step.micro_batches)

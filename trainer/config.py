@@ -101,18 +101,30 @@ class ParallelSpec(_Strict):
 
     Launch tp * pp * dp processes (`rlgw train --nproc-per-node N` or `torchrun --nproc-per-node N
     -m rlgw.bin.main train ...`); rank 0 runs the loop. `vocab_divisible_by` pads the vocabulary as
-    Megatron-LM's `--make-vocab-size-divisible-by` does (times tp).
+    Megatron-LM's `--make-vocab-size-divisible-by` does (times tp). `ep` (a MoE model) spreads the
+    experts over that many ranks; megatron-core takes them from the data-parallel ranks, so it
+    adds no processes and must divide dp.
     """
 
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
     dp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1)
     vocab_divisible_by: int = Field(128, ge=1)
 
     @property
     def world(self) -> int:
         """Processes the split needs."""
         return self.tp * self.pp * self.dp
+
+    @model_validator(mode="after")
+    def _ep_divides_dp(self) -> ParallelSpec:
+        if self.dp % self.ep:
+            raise ValueError(
+                f"parallel ep={self.ep} must divide dp={self.dp}: megatron-core takes the expert-parallel "
+                f"ranks from the data-parallel ones (for ep={self.ep}, dp a multiple of it)"
+            )
+        return self
 
 
 class TeacherSpec(_Strict):

@@ -50,7 +50,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         par = cfg.parallel
         return MegatronTrainer(
             Path(cfg.model), cfg.loss_config(), cfg.optim_config(), device=cfg.device, seed=cfg.seed,
-            tp=par.tp, pp=par.pp, dp=par.dp, vocab_divisible_by=par.vocab_divisible_by,
+            tp=par.tp, pp=par.pp, dp=par.dp, ep=par.ep, vocab_divisible_by=par.vocab_divisible_by,
         )  # fmt: skip
     from rlgw.trainer.torch_trainer import TorchTrainer
 

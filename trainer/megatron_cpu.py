@@ -4,11 +4,14 @@ megatron-core 0.16 is written for GPUs; on a CPU (the tests, CI, a laptop) these
 - the RNG tracker forks CUDA RNG state (a no-op tracker instead);
 - its global memory buffer allocates on `torch.cuda.current_device()`;
 - RoPE's `get_emb` moves its frequencies to `torch.cuda.current_device()`;
+- the MoE router's gating tests `te_general_gemm`, a name only bound when Transformer Engine is
+  installed (`NameError: name 'te_general_gemm' is not defined`, moe_utils.py, in
+  `RouterGatingLinearFunction.forward`): bound to None, its own "no TE" branch;
 - `DistributedDataParallel`'s gradient buffers and the pipeline's shape exchange allocate on
   `torch.cuda.current_device()`, the p2p code calls `torch.cuda.synchronize()`, the schedules put
   their token counter on `device="cuda"`, and with tied embeddings and pp > 1 the last stage moves
   its copy of the embedding with `.cuda()`.
-`cpu_shims()` patches the first three once; `cuda_is_cpu()` is a context, entered only around the
+`cpu_shims()` patches the first four once; `cuda_is_cpu()` is a context, entered only around the
 megatron-core calls that need it, in which "the CUDA device" is the CPU. On a GPU neither is used.
 This module knows nothing about models or training.
 """
@@ -29,6 +32,10 @@ def cpu_shims() -> None:
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
 
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):  # without Transformer Engine: plain torch.mm
+        moe_utils.te_general_gemm = None
     if getattr(utils.GlobalMemoryBuffer.get_tensor, "_rlgw_cpu", False):
         return
 

@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 4 -m rlgw.trainer.megatron_probe --split 2x2 --split 2x1 --out DIR
     python -m rlgw.trainer.megatron_probe --out DIR          # the one-rank reference: DIR/tp1pp1dp1.pt
+    torchrun --nproc-per-node 2 -m rlgw.trainer.megatron_probe --model MOE --split 1x1-ep2 --out DIR
 
 Every rank builds its piece of the model; rank 0 runs, on a fixed synthetic step (several
 rollouts, split segments, two temperatures, uneven micro-batches), `loss_and_backward`, gathers
@@ -59,7 +60,7 @@ def synthetic_step(vocab: int, seed: int = 0) -> StepBatch:
 
 
 def run(
-    model: Path, tp: int, pp: int, *, lr: float, vocab_divisible_by: int, device: str
+    model: Path, tp: int, pp: int, *, lr: float, vocab_divisible_by: int, device: str, ep: int = 1
 ) -> dict[str, Any] | None:
     """The probe's step on this rank; rank 0 returns what it measured, the others None."""
     import json
@@ -68,7 +69,7 @@ def run(
     from rlgw.trainer.settings import LossConfig, OptimConfig
 
     trainer = MegatronTrainer(model, LossConfig(**LOSS), OptimConfig(lr=lr), device=device, tp=tp, pp=pp,
-                              vocab_divisible_by=vocab_divisible_by)  # fmt: skip
+                              ep=ep, vocab_divisible_by=vocab_divisible_by)  # fmt: skip
     if not trainer.layout.driver:
         trainer.follow()
         return None
@@ -80,7 +81,7 @@ def run(
     after = dict(trainer.export_weights())
     trainer.close()
     layout = trainer.layout
-    return {"split": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp}, "metrics": metrics,
+    return {"split": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep}, "metrics": metrics,
             "step_metrics": step_metrics, "grads": grads, "before": before, "after": after}  # fmt: skip
 
 
@@ -103,12 +104,23 @@ def compare(split: dict[str, Any], one: dict[str, Any]) -> dict[str, float]:
             "before_bitwise": float(before)}  # fmt: skip
 
 
-def parse_split(text: str) -> tuple[int, int, int]:
-    """ "TPxPP" or "TPxPPxPAD" (vocab_divisible_by) -> (tp, pp, pad)."""
-    parts = [int(x) for x in text.lower().split("x")]
-    if len(parts) not in (2, 3) or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"--split wants TPxPP or TPxPPxPAD, got {text!r}")
-    return parts[0], parts[1], parts[2] if len(parts) == 3 else 128
+def parse_split(text: str) -> tuple[int, int, int, int]:
+    """ "TPxPP" or "TPxPPxPAD" (vocab_divisible_by), either with "-epEP" (expert parallelism) after
+    it -> (tp, pp, pad, ep)."""
+    sizes, _, ep = text.lower().partition("-ep")
+    try:
+        parts = [int(x) for x in sizes.split("x")] + [int(ep or 1)]
+    except ValueError:
+        parts = []
+    if len(parts) not in (3, 4) or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"--split wants TPxPP[xPAD][-epEP], got {text!r}")
+    return parts[0], parts[1], parts[2] if len(parts) == 4 else 128, parts[-1]
+
+
+def probe_name(split: dict[str, int], pad: int) -> str:
+    """The file stem of a split's probe: tpTppPdpD, then epE when ep > 1, then -padN when pad is not 128."""
+    ep = f"ep{split['ep']}" if split["ep"] > 1 else ""
+    return f"tp{split['tp']}pp{split['pp']}dp{split['dp']}{ep}{'' if pad == 128 else f'-pad{pad}'}"
 
 
 def main() -> None:
@@ -116,23 +128,23 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=REPO / "tests" / "fixtures" / "tiny-qwen3")
-    p.add_argument("--split", type=parse_split, action="append", metavar="TPxPP[xPAD]",
-                   help="tp x pp (x vocab_divisible_by, default 128); repeat to run several splits in "
-                   "one launch (dp is what the world leaves); default 1x1")  # fmt: skip
+    p.add_argument("--split", type=parse_split, action="append", metavar="TPxPP[xPAD][-epEP]",
+                   help="tp x pp (x vocab_divisible_by, default 128) (-ep expert parallelism, default "
+                   "1); repeat to run several splits in one launch (dp is what the world leaves); "
+                   "default 1x1")  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--out", type=Path, required=True, help="a directory: one tpTppPdpD[-padN].pt per split")
+    p.add_argument(
+        "--out", type=Path, required=True, help="a directory: one tpTppPdpD[epE][-padN].pt per split"
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    for tp, pp, pad in args.split or [(1, 1, 128)]:
-        result = run(args.model, tp, pp, lr=args.lr, vocab_divisible_by=pad, device=args.device)
+    for tp, pp, pad, ep in args.split or [(1, 1, 128, 1)]:
+        result = run(args.model, tp, pp, lr=args.lr, vocab_divisible_by=pad, device=args.device, ep=ep)
         parallel_state.destroy_model_parallel()  # the next split forms its own groups
         if result is not None:
-            s = result["split"]
-            torch.save(
-                result, args.out / f"tp{s['tp']}pp{s['pp']}dp{s['dp']}{'' if pad == 128 else f'-pad{pad}'}.pt"
-            )
+            torch.save(result, args.out / f"{probe_name(result['split'], pad)}.pt")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
-"""The Megatron-core trainer: a `GPTModel` built from a Hugging Face config, split over TP x PP x DP ranks.
+"""The Megatron-core trainer: a `GPTModel` built from a Hugging Face config, split over TP x PP x DP ranks
+(and EP, expert parallelism, for a MoE model).
 
 Supports the Llama/Qwen family (RMSNorm, SwiGLU, RoPE, grouped-query attention, Qwen3's per-head
-q/k norms, tied or untied embeddings). Each rank builds its piece of the model (its pipeline
-stage, its tensor-parallel slice), loads its shard of the HF weights (`megatron_convert`), and
+q/k norms, tied or untied embeddings) and Qwen3-MoE (megatron-core's MoE layer with HF's routing:
+softmax over the experts, top-k, renormalised or not as `norm_topk_prob` says; no load-balancing
+loss, no token dropping; experts as a `SequentialMLP`, spread over the expert-parallel ranks; not
+yet with tp > 1, see `moe_config`). Each rank builds its piece of the model (its pipeline stage,
+its tensor-parallel slice, its experts), loads its shard of the HF weights (`megatron_convert`), and
 wraps it in megatron-core's `DistributedDataParallel`; a step runs megatron-core's
 forward-backward schedule (1F1B across stages when pp > 1) over the rank's data-parallel share,
 `finalize_model_grads` reduces the gradients (summed over replicas: every share's loss is already
@@ -33,6 +37,8 @@ from rlgw.trainer.megatron_convert import (
     check_split,
     hf_to_megatron,
     megatron_to_hf,
+    moe_layers,
+    num_experts,
     padded_vocab,
     shard,
     unshard,
@@ -42,7 +48,53 @@ from rlgw.trainer.objective import LossConfig, engine_logits, merge_metrics, mic
 from rlgw.trainer.torch_trainer import OptimConfig, checkpoint_tensor_names, sampled_vocab, to_device
 
 
-def transformer_config(hf: dict[str, Any], *, tp: int = 1, pp: int = 1, cpu: bool = True) -> Any:
+def moe_config(
+    hf: dict[str, Any], *, tp: int = 1, ep: int = 1, pp: int = 1, cpu: bool = True
+) -> dict[str, Any]:
+    """`TransformerConfig` arguments for the HF config's MoE layers (none for a dense model).
+
+    The router is HF Qwen3-MoE's: softmax over the experts, top-k, and with `norm_topk_prob` the
+    k weights renormalised to 1, which is megatron-core's softmax over the top-k logits
+    (`moe_router_pre_softmax=False`); without it, the softmax over all experts' top-k
+    (`pre_softmax=True`). No auxiliary loss and no capacity (no dropped tokens), so the loss is the
+    dense objective's; the experts are plain layers (a `SequentialMLP`, no grouped GEMM).
+    Tokens reach the experts of other ranks by megatron-core's all-to-all dispatcher on a GPU; on
+    a CPU by its all-gather one (the all-to-all one makes a `torch.cuda.Stream` when it is built),
+    which refuses variable sequence lengths, so a MoE model on a CPU takes no pipeline (pp = 1).
+    Nor does it take tp > 1 (megatron-core 0.16): its MoE layer then trains only with sequence
+    parallelism, which the local spec's torch norms refuse (they need Apex or Transformer Engine).
+    """
+    if not num_experts(hf):
+        # (no experts) the config refuses its default dispatcher with variable sequence lengths
+        return {"moe_token_dispatcher_type": "alltoall"}
+    if tp > 1:
+        raise ValueError(
+            f"tp={tp} with a MoE model: megatron-core's MoE layer trains under tp > 1 only with sequence "
+            "parallelism, which its torch norms refuse (the local spec, without Apex or Transformer Engine); "
+            "use ep (and dp) for a MoE model"
+        )
+    if cpu and pp > 1:
+        raise ValueError(
+            f"pp={pp} with a MoE model needs a GPU: on a CPU the experts' tokens move by megatron-core's "
+            "all-gather dispatcher, which does not take the pipeline's variable sequence lengths"
+        )
+    return {
+        "num_moe_experts": num_experts(hf),
+        "moe_router_topk": hf["num_experts_per_tok"],
+        "moe_ffn_hidden_size": hf["moe_intermediate_size"],
+        "moe_layer_freq": [int(moe) for moe in moe_layers(hf)],
+        "moe_router_score_function": "softmax",
+        "moe_router_pre_softmax": not hf.get("norm_topk_prob", False),
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_expert_capacity_factor": None,
+        "moe_grouped_gemm": False,
+        "moe_token_dispatcher_type": "allgather" if cpu else "alltoall",
+        "expert_model_parallel_size": ep,
+    }
+
+
+def transformer_config(hf: dict[str, Any], *, tp: int = 1, pp: int = 1, ep: int = 1, cpu: bool = True) -> Any:
     """A `TransformerConfig` equal to the HF config's architecture."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -62,7 +114,7 @@ def transformer_config(hf: dict[str, Any], *, tp: int = 1, pp: int = 1, cpu: boo
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
         add_qkv_bias=bool(hf.get("attention_bias", hf.get("model_type") == "qwen2")),
-        qk_layernorm=hf.get("model_type") == "qwen3",
+        qk_layernorm=hf.get("model_type") in ("qwen3", "qwen3_moe"),
         hidden_dropout=0.0,
         attention_dropout=0.0,
         bias_dropout_fusion=False,
@@ -76,11 +128,11 @@ def transformer_config(hf: dict[str, Any], *, tp: int = 1, pp: int = 1, cpu: boo
         pipeline_model_parallel_size=pp,
         pipeline_dtype=torch.float32,  # what travels between stages
         # micro-batches differ in rows and length: the pipeline sends each one's shape first
-        variable_seq_lengths=True,
-        moe_token_dispatcher_type="alltoall",  # (no experts) the config refuses the default with the above
+        variable_seq_lengths=pp > 1,
         # the objective's micro-batch losses are already the step's shares: the schedule must not
         # divide them by the micro-batch count, nor DDP the gradients by the replica count
         calculate_per_token_loss=True,
+        **moe_config(hf, tp=tp, ep=ep, pp=pp, cpu=cpu),
     )
 
 
@@ -95,10 +147,13 @@ def build_gpt_model(
     """This rank's (unloaded) piece of a Megatron `GPTModel` with the HF config's architecture."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 
-    config = transformer_config(hf, tp=split.tp, pp=split.pp, cpu=device == "cpu")
-    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
+    config = transformer_config(hf, tp=split.tp, pp=split.pp, ep=split.ep, cpu=device == "cpu")
+    if config.num_moe_experts:  # MoE and dense layers as `moe_layer_freq` says (local modules, no TE)
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -117,27 +172,28 @@ class MegatronTrainer:
     """`Trainer` over megatron-core's `GPTModel`, initialized from a HF checkpoint directory.
 
     `tp` and `pp` cut the model; the data-parallel size is what the launched world leaves (`dp`,
-    when given, is checked against it). `vocab_divisible_by` pads the vocabulary as Megatron-LM's
+    when given, is checked against it); `ep` spreads a MoE model's experts over that many of the
+    data-parallel ranks (it must divide dp). `vocab_divisible_by` pads the vocabulary as Megatron-LM's
     `--make-vocab-size-divisible-by` does (times tp); the padded ids are never sampled, and the
     objective drops their logits as the engine does.
     """
 
     def __init__(self, model_dir: Path, loss: LossConfig, optim: OptimConfig, *, device: str = "cpu",
-                 seed: int = 0, tp: int = 1, pp: int = 1, dp: int | None = None,
+                 seed: int = 0, tp: int = 1, pp: int = 1, dp: int | None = None, ep: int = 1,
                  vocab_divisible_by: int = 128) -> None:  # fmt: skip
         if loss.kl_coef and loss.kl_source == "reference":
             raise NotImplementedError("the Megatron trainer takes KL to a teacher (kl_source='teacher') only")
         torch.manual_seed(seed)
         self.model_dir, self.loss_cfg, self.optim_cfg = Path(model_dir), loss, optim
         self.hf = json.loads((self.model_dir / "config.json").read_text())
-        self.split = Split(tp, pp)
+        self.split = Split(tp, pp, ep)
         check_split(self.hf, self.split)
         self.device = torch.device(device)
         self._on_device: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
         if self.device.type == "cpu":
             cpu_shims()
             self._on_device = cuda_is_cpu
-        self.layout = ranks.init_parallel(tp, pp, dp)
+        self.layout = ranks.init_parallel(tp, pp, dp, ep=ep)
         self.sampled_vocab = sampled_vocab(self.model_dir, self.hf["vocab_size"])
         self.vocab_rows = padded_vocab(self.hf["vocab_size"], tp, vocab_divisible_by)
         self.model = self._build(device)
@@ -176,7 +232,8 @@ class MegatronTrainer:
     def load_hf_state(self, state: dict[str, Tensor]) -> None:
         """Load HF-named weights: this rank's shard of them (every local parameter must be covered)."""
         full = hf_to_megatron(self.hf, state)
-        local = shard(self.hf, full, self.split, self.layout.tp_rank, self.layout.pp_rank, self.vocab_rows)
+        at = self.layout
+        local = shard(self.hf, full, self.split, at.tp_rank, at.pp_rank, self.vocab_rows, at.ep_rank)
         converted = {k: v.to(torch.float32) for k, v in local.items()}
         missing, unexpected = self.module.load_state_dict(converted, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
@@ -259,12 +316,15 @@ class MegatronTrainer:
             p for p in self.params
             if p is not tied_copy and (self.layout.tp_rank == 0 or getattr(p, "tensor_model_parallel", False))
         ]  # fmt: skip
-        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        # expert-parallel experts (megatron-core's `allreduce=False`) differ across the ep ranks too
+        sq = [torch.zeros((), dtype=torch.float64, device=self.device) for _ in range(2)]  # the rest, experts
         for p in counted:
-            sq += p.main_grad.double().pow(2).sum()
+            sq[int(not getattr(p, "allreduce", True))] += p.main_grad.double().pow(2).sum()
         if self.layout.world > 1:
-            torch.distributed.all_reduce(sq, group=parallel_state.get_model_parallel_group())
-        return sq.sqrt().float()
+            torch.distributed.all_reduce(sq[0], group=parallel_state.get_model_parallel_group())
+            experts = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
+            torch.distributed.all_reduce(sq[1], group=experts)
+        return (sq[0] + sq[1]).sqrt().float()
 
     def _step_local(self, share: StepBatch) -> dict[str, float]:
         """Gradients, clip by the whole model's norm (as `clip_grad_norm_`), one AdamW step."""
@@ -281,15 +341,15 @@ class MegatronTrainer:
 
     def _local_pieces(
         self, source: Callable[[], dict[str, Tensor]]
-    ) -> dict[tuple[int, int], dict[str, Tensor]] | None:
+    ) -> dict[tuple[int, int, int], dict[str, Tensor]] | None:
         # gather_to_driver copies: what is published must not change when the next step updates it
         local = {k: v for k, v in source().items() if not k.endswith("_extra_state")}
         return ranks.gather_to_driver(self.layout, local)
 
-    def _weights(self) -> dict[tuple[int, int], dict[str, Tensor]] | None:
+    def _weights(self) -> dict[tuple[int, int, int], dict[str, Tensor]] | None:
         return self._local_pieces(self.module.state_dict)
 
-    def _grads(self) -> dict[tuple[int, int], dict[str, Tensor]] | None:
+    def _grads(self) -> dict[tuple[int, int, int], dict[str, Tensor]] | None:
         return self._local_pieces(lambda: {k: p.main_grad for k, p in self.module.named_parameters()})
 
     _COMMANDS: ClassVar[dict[str, str]] = {

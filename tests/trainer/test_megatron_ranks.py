@@ -5,7 +5,9 @@ in real torchrun processes; its loss must equal the one-rank probe's within 1e-5
 gathered gradients and its published weights after the step within 1e-4, and its weights
 published before the step must be the checkpoint bit for bit (HF -> sharded Megatron -> HF
 through the real models). The tensor-parallel split pads the vocabulary (4096 -> 4200 rows)
-while the one-rank reference does not: the padded logits must not change anything.
+while the one-rank reference does not: the padded logits must not change anything. A tiny
+Qwen3-MoE split over two expert-parallel ranks (two experts each) is held to the same bounds
+against its own one-rank step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.procs import FIXTURES, REPO
+from tests.trainer.support import tiny_qwen3_moe
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
@@ -30,9 +33,11 @@ MODEL = FIXTURES / "tiny-qwen3"
 LR = 1e-3  # the probe's
 
 
-def probe(out: Path, world: int, splits: list[str], device: str = "cpu") -> dict[str, dict]:
-    """Run the probe's `splits` (TPxPP[xPAD]) in one launch of `world` processes (plain python for one)."""
-    args = ["-m", "rlgw.trainer.megatron_probe", "--device", device, "--out", str(out)]
+def probe(
+    out: Path, world: int, splits: list[str], device: str = "cpu", model: Path = MODEL
+) -> dict[str, dict]:
+    """Run the probe's `splits` (TPxPP[xPAD][-epEP]) in one launch of `world` processes (python for one)."""
+    args = ["-m", "rlgw.trainer.megatron_probe", "--model", str(model), "--device", device, "--out", str(out)]
     for split in splits:
         args += ["--split", split]
     launch = [sys.executable]
@@ -44,7 +49,7 @@ def probe(out: Path, world: int, splits: list[str], device: str = "cpu") -> dict
     return {f.stem: torch.load(f) for f in out.glob("*.pt")}
 
 
-def check(split: dict, one: dict) -> None:
+def check(split: dict, one: dict, model: Path = MODEL) -> None:
     """The split's step is the one-rank step within the issue's bounds."""
     assert split["metrics"]["loss"] == pytest.approx(one["metrics"]["loss"], rel=1e-5)
     assert split["metrics"]["entropy"] == pytest.approx(one["metrics"]["entropy"], rel=1e-5)
@@ -52,7 +57,7 @@ def check(split: dict, one: dict) -> None:
     assert set(split["grads"]) == set(one["grads"])
     for name, g in one["grads"].items():
         torch.testing.assert_close(split["grads"][name], g, rtol=1e-4, atol=1e-6, msg=name)
-    stored = load_file(str(MODEL / "model.safetensors"))
+    stored = load_file(str(model / "model.safetensors"))
     assert set(split["before"]) == set(stored)
     for name, w in stored.items():
         assert split["before"][name].dtype == w.dtype and torch.equal(split["before"][name], w), name
@@ -113,3 +118,32 @@ def test_split_steps_equal_one_rank_on_gpus(world: int, tmp_path: Path) -> None:
     one = probe(tmp_path / "one", 1, ["1x1"], device="cuda")["tp1pp1dp1"]
     for split in probe(tmp_path / "split", world, LAUNCHES[world], device="cuda").values():
         check(split, one)
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_qwen3_moe(tmp_path_factory.mktemp("moe-model"))
+
+
+@pytest.mark.slow
+def test_expert_parallel_step_equals_one_rank_on_cpu(moe_model: Path, tmp_path: Path) -> None:
+    one = probe(tmp_path / "one", 1, ["1x1"], model=moe_model)["tp1pp1dp1"]
+    split = probe(tmp_path / "ep", 2, ["1x1-ep2"], model=moe_model)["tp1pp1dp2ep2"]
+    assert split["split"] == {"tp": 1, "pp": 1, "dp": 2, "ep": 2}
+    # the step reaches every expert of every layer: each expert-parallel rank's experts are compared
+    for name, g in one["grads"].items():
+        if ".mlp.experts." in name:
+            assert g.abs().max() > 0, name
+    check(split, one, moe_model)
+    for name, w in one["after"].items():  # the issue's bound on weights: 1e-5
+        assert float((split["after"][name] - w).abs().max()) <= 1e-5, name
+
+
+@pytest.mark.gpu
+def test_expert_parallel_step_equals_one_rank_on_gpus(moe_model: Path, tmp_path: Path) -> None:
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"NCCL needs 2 GPUs, {torch.cuda.device_count()} here")
+    one = probe(tmp_path / "one", 1, ["1x1"], device="cuda", model=moe_model)["tp1pp1dp1"]
+    check(
+        probe(tmp_path / "ep", 2, ["1x1-ep2"], device="cuda", model=moe_model)["tp1pp1dp2ep2"], one, moe_model
+    )

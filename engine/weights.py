@@ -2,13 +2,18 @@
 
 Owns the checks that make a weight update all-or-nothing (every name, shape and dtype, and tied
 parameters, validated before any byte is copied) and the reading of a checkpoint directory (one
-file, several, or index-sharded). Knows nothing about requests or the step loop: `Engine.update_weights`
-(`rlgw.engine.core`) holds admission, waits for a quiet moment and takes the step lock around `apply`;
-the sync transports (`rlgw.sync.engine_routes`) only hand in named tensors.
+file, several, or index-sharded). Names are the checkpoint's: an MoE checkpoint names each expert
+(`mlp.experts.E.gate_proj.weight`, as Qwen3-MoE's are saved and published) where transformers keeps
+the experts fused in memory (`mlp.experts.gate_up_proj[E]`, gate rows then up rows, and
+`mlp.experts.down_proj[E]`); such a name updates its slice of the fused parameter. Knows nothing
+about requests or the step loop: `Engine.update_weights` (`rlgw.engine.core`) holds admission,
+waits for a quiet moment and takes the step lock around `apply`; the sync transports
+(`rlgw.sync.engine_routes`) only hand in named tensors.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,6 +34,8 @@ def plan_update(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch
     seen: dict[int, tuple[str, torch.Tensor]] = {}
     for name, tensor in named_tensors:
         target = targets.get(name)
+        if target is None:
+            target = _expert_slice(targets, name)
         if target is None:
             problems.append(f"unknown parameter {name!r}")
             continue
@@ -53,6 +60,24 @@ def plan_update(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch
     if not plan:
         raise WeightUpdateError("weight update refused: no tensors given")
     return plan
+
+
+_EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+
+
+def _expert_slice(targets: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """The view of a fused experts parameter that the per-expert checkpoint `name` is, or None."""
+    m = _EXPERT.fullmatch(name)
+    if m is None:
+        return None
+    base, expert, proj = m[1], int(m[2]), m[3]
+    fused = targets.get(f"{base}.down_proj" if proj == "down_proj" else f"{base}.gate_up_proj")
+    if fused is None or fused.dim() != 3 or expert >= fused.shape[0]:
+        return None
+    if proj == "down_proj":
+        return fused[expert]
+    half = fused.shape[1] // 2
+    return fused[expert, :half] if proj == "gate_proj" else fused[expert, half:]
 
 
 def apply(plan: Plan) -> None:

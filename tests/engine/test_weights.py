@@ -167,3 +167,31 @@ def test_tied_embeddings_update_consistently(tmp_path: Path) -> None:
         assert engine.weight_version == "z" and not engine.model.get_output_embeddings().weight.any()
     finally:
         engine.shutdown()
+
+
+def test_an_moe_checkpoints_per_expert_names_update_the_fused_experts(tmp_path: Path) -> None:
+    """Qwen3-MoE is saved and published one tensor per expert; transformers fuses them in memory
+    (gate_up_proj[E], down_proj[E]). An update under the checkpoint's names makes the engine serve
+    exactly what an engine loaded from that checkpoint serves."""
+    from tests.trainer.support import tiny_qwen3_moe
+
+    prompt = [10, 200, 3000, 77, 5, 1024]  # ids of its 4096-row vocabulary
+    a, b = tiny_qwen3_moe(tmp_path / "a", seed=0), tiny_qwen3_moe(tmp_path / "b", seed=1)
+    engine, ref = Engine(a, EngineConfig()), Engine(b, EngineConfig())
+    try:
+        want = asyncio.run(run_core(ref, prompt))
+        before = asyncio.run(run_core(engine, prompt))
+        assert before.output_logprobs != want.output_logprobs
+        named = read_safetensors_dir(b)
+        assert "model.layers.0.mlp.experts.3.up_proj.weight" in named  # the per-expert form
+        gate = named["model.layers.0.mlp.experts.3.gate_proj.weight"]
+        with pytest.raises(WeightUpdateError, match=r"experts\.4\.gate_proj"):  # there is no expert 4
+            asyncio.run(engine.update_weights([("model.layers.0.mlp.experts.4.gate_proj.weight", gate)], "x"))
+        asyncio.run(engine.update_weights(named.items(), "b"))
+        after = asyncio.run(run_core(engine, prompt))
+        assert after.output_ids == want.output_ids and after.output_logprobs == want.output_logprobs
+        fused = engine.model.state_dict()["model.layers.1.mlp.experts.gate_up_proj"]
+        assert torch.equal(fused[2, 32:], named["model.layers.1.mlp.experts.2.up_proj.weight"])
+    finally:
+        engine.shutdown()
+        ref.shutdown()

@@ -101,13 +101,16 @@ class ParallelSpec(_Strict):
 
     Launch tp * pp * dp processes (`rlgw train --nproc-per-node N` or `torchrun --nproc-per-node N
     -m rlgw.bin.main train ...`); rank 0 runs the loop. `vocab_divisible_by` pads the vocabulary as
-    Megatron-LM's `--make-vocab-size-divisible-by` does (times tp).
+    Megatron-LM's `--make-vocab-size-divisible-by` does (times tp). `distributed_optimizer` shards
+    the Adam state and update over the dp replicas (megatron-core's distributed optimizer: grads
+    reduce-scattered, params all-gathered) instead of a whole AdamW on every replica; same step.
     """
 
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
     dp: int = Field(1, ge=1)
     vocab_divisible_by: int = Field(128, ge=1)
+    distributed_optimizer: bool = False
 
     @property
     def world(self) -> int:
@@ -167,7 +170,7 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _split_needs_megatron(self) -> TrainConfig:
-        if self.parallel.world > 1 and self.trainer != "megatron":
+        if (self.parallel.world > 1 or self.parallel.distributed_optimizer) and self.trainer != "megatron":
             raise ValueError(f"parallel {self.parallel.model_dump()} needs trainer: megatron")
         return self
 

@@ -1,13 +1,16 @@
 """One Megatron training step at a given split, saved for comparison with the one-rank step.
 
     torchrun --nproc-per-node 4 -m rlgw.trainer.megatron_probe --split 2x2 --split 2x1 --out DIR
+    torchrun --nproc-per-node 2 -m rlgw.trainer.megatron_probe --split 1x1:distopt --out DIR
     python -m rlgw.trainer.megatron_probe --out DIR          # the one-rank reference: DIR/tp1pp1dp1.pt
 
 Every rank builds its piece of the model; rank 0 runs, on a fixed synthetic step (several
 rollouts, split segments, two temperatures, uneven micro-batches), `loss_and_backward`, gathers
 the reduced gradients under HF names, then one `train_step`, and saves the metrics, the
-gradients, and the exported weights before and after under `--out` (`torch.save`). `compare` reads
-two such files and gives the largest gaps; `bench/megatron_equivalence.py` and the tests use it.
+gradients, the exported weights before and after, and how much Adam state rank 0 holds, under
+`--out` (`torch.save`). `:distopt` after a split steps with megatron-core's distributed optimizer.
+`compare` reads two such files and gives the largest gaps; `bench/megatron_equivalence.py` and the
+tests use it.
 This module owns no training logic: it drives `MegatronTrainer` as the loop would.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +63,9 @@ def synthetic_step(vocab: int, seed: int = 0) -> StepBatch:
 
 
 def run(
-    model: Path, tp: int, pp: int, *, lr: float, vocab_divisible_by: int, device: str
-) -> dict[str, Any] | None:
+    model: Path, tp: int, pp: int, *, lr: float, vocab_divisible_by: int, device: str,
+    distributed_optimizer: bool = False,
+) -> dict[str, Any] | None:  # fmt: skip
     """The probe's step on this rank; rank 0 returns what it measured, the others None."""
     import json
 
@@ -68,7 +73,8 @@ def run(
     from rlgw.trainer.settings import LossConfig, OptimConfig
 
     trainer = MegatronTrainer(model, LossConfig(**LOSS), OptimConfig(lr=lr), device=device, tp=tp, pp=pp,
-                              vocab_divisible_by=vocab_divisible_by)  # fmt: skip
+                              vocab_divisible_by=vocab_divisible_by,
+                              distributed_optimizer=distributed_optimizer)  # fmt: skip
     if not trainer.layout.driver:
         trainer.follow()
         return None
@@ -80,8 +86,13 @@ def run(
     after = dict(trainer.export_weights())
     trainer.close()
     layout = trainer.layout
+    # what rank 0 holds: its parameters, and the elements of Adam's first moment it keeps for them
+    # (torch's AdamW and megatron-core's optimizers both map each parameter to its state)
+    held = {"params": sum(p.numel() for p in trainer.params),
+            "exp_avg": sum(s["exp_avg"].numel() for _, s in trainer.optimizer.state.items())}  # fmt: skip
     return {"split": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp}, "metrics": metrics,
-            "step_metrics": step_metrics, "grads": grads, "before": before, "after": after}  # fmt: skip
+            "step_metrics": step_metrics, "grads": grads, "before": before, "after": after,
+            "held": held}  # fmt: skip
 
 
 def compare(split: dict[str, Any], one: dict[str, Any]) -> dict[str, float]:
@@ -103,12 +114,12 @@ def compare(split: dict[str, Any], one: dict[str, Any]) -> dict[str, float]:
             "before_bitwise": float(before)}  # fmt: skip
 
 
-def parse_split(text: str) -> tuple[int, int, int]:
-    """ "TPxPP" or "TPxPPxPAD" (vocab_divisible_by) -> (tp, pp, pad)."""
-    parts = [int(x) for x in text.lower().split("x")]
-    if len(parts) not in (2, 3) or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"--split wants TPxPP or TPxPPxPAD, got {text!r}")
-    return parts[0], parts[1], parts[2] if len(parts) == 3 else 128
+def parse_split(text: str) -> tuple[int, int, int, bool]:
+    """ "TPxPP", "TPxPPxPAD" (vocab_divisible_by), either with ":distopt" -> (tp, pp, pad, distopt)."""
+    m = re.fullmatch(r"([1-9]\d*)x([1-9]\d*)(?:x([1-9]\d*))?(:distopt)?", text.lower())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"--split wants TPxPP[xPAD][:distopt], got {text!r}")
+    return int(m[1]), int(m[2]), int(m[3] or 128), m[4] is not None
 
 
 def main() -> None:
@@ -116,23 +127,25 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=REPO / "tests" / "fixtures" / "tiny-qwen3")
-    p.add_argument("--split", type=parse_split, action="append", metavar="TPxPP[xPAD]",
-                   help="tp x pp (x vocab_divisible_by, default 128); repeat to run several splits in "
-                   "one launch (dp is what the world leaves); default 1x1")  # fmt: skip
+    p.add_argument("--split", type=parse_split, action="append", metavar="TPxPP[xPAD][:distopt]",
+                   help="tp x pp (x vocab_divisible_by, default 128; :distopt: megatron-core's distributed "
+                   "optimizer); repeat to run several splits in one launch (dp is what the world leaves); "
+                   "default 1x1")  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--out", type=Path, required=True, help="a directory: one tpTppPdpD[-padN].pt per split")
+    p.add_argument("--out", type=Path, required=True,
+                   help="a directory: one tpTppPdpD[-padN][-distopt].pt per split")  # fmt: skip
     args = p.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    for tp, pp, pad in args.split or [(1, 1, 128)]:
-        result = run(args.model, tp, pp, lr=args.lr, vocab_divisible_by=pad, device=args.device)
+    for tp, pp, pad, distopt in args.split or [(1, 1, 128, False)]:
+        result = run(args.model, tp, pp, lr=args.lr, vocab_divisible_by=pad, device=args.device,
+                     distributed_optimizer=distopt)  # fmt: skip
         parallel_state.destroy_model_parallel()  # the next split forms its own groups
         if result is not None:
             s = result["split"]
-            torch.save(
-                result, args.out / f"tp{s['tp']}pp{s['pp']}dp{s['dp']}{'' if pad == 128 else f'-pad{pad}'}.pt"
-            )
+            name = f"tp{s['tp']}pp{s['pp']}dp{s['dp']}{'' if pad == 128 else f'-pad{pad}'}"
+            torch.save(result, args.out / f"{name}{'-distopt' if distopt else ''}.pt")
 
 
 if __name__ == "__main__":

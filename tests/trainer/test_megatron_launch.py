@@ -5,7 +5,8 @@ rank 0 runs the gateway, the engine and the loop, both ranks train, the gathered
 published as xor deltas and served each iteration, the trainer's logprobs at tp=2 are the engine's
 (gap at most 1e-3, IS ratio 1 within 1e-3), and the word is learnt (first iteration's mean reward
 below 0.2, last two above 0.8; here it is 1.0 from the third iteration on).
-The quick ones: a process count that does not fit the split, and a split without Megatron, are refused.
+The quick ones: a process count that does not fit the split, and a split or the distributed
+optimizer without Megatron, are refused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from rlgw.trainer.config import TrainConfig
 from tests.support.procs import REPO
 from tests.trainer.test_loop_learns import check_versions_and_sessions
 
@@ -57,3 +60,12 @@ def test_a_split_needs_the_megatron_trainer(tmp_path: Path) -> None:
     path.write_text(json.dumps(cfg))
     proc = train(path, tmp_path)
     assert proc.returncode == 2 and "needs trainer: megatron" in proc.stderr
+
+
+def test_the_distributed_optimizer_is_a_megatron_option() -> None:
+    doc = json.loads(CONFIG.read_text())
+    assert TrainConfig.model_validate(doc).parallel.distributed_optimizer is False
+    doc["parallel"]["distributed_optimizer"] = True
+    assert TrainConfig.model_validate(doc).parallel.distributed_optimizer is True
+    with pytest.raises(ValidationError, match="needs trainer: megatron"):
+        TrainConfig.model_validate(doc | {"trainer": "torch", "parallel": {"distributed_optimizer": True}})

@@ -100,7 +100,7 @@ def main() -> None:
         backend = "gloo, CPU" if args.device == "cpu" else "NCCL"
         print(f"Megatron split vs one rank, one step on tiny-qwen3 ({backend}); launch wall times "
               + ", ".join(f"{w} proc {s:.0f}s" for w, s in walls.items()))  # fmt: skip
-        print(f"  {'split':16s} {'loss rel':>9s} {'grad abs':>9s} {'w after':>9s} {'w after*':>9s} "
+        print(f"  {'split':20s} {'loss rel':>9s} {'grad abs':>9s} {'w after':>9s} {'w after*':>9s} "
               f"{'norm rel':>9s} {'adam held':>9s}  before == checkpoint")  # fmt: skip
         for world in args.worlds:
             for f in sorted((out / str(world)).glob("*.pt")):
@@ -110,7 +110,7 @@ def main() -> None:
                 name = f"tp{s['tp']} pp{s['pp']} dp{s['dp']}" + (" pad" if "pad" in f.stem else "")
                 name += " distopt" if "distopt" in f.stem else ""
                 held = split["held"]["exp_avg"] / split["held"]["params"]
-                print(f"  {name:16s} {g['loss_rel']:9.1e} {g['grad_abs']:9.1e} {g['weights_after']:9.1e} "
+                print(f"  {name:20s} {g['loss_rel']:9.1e} {g['grad_abs']:9.1e} {g['weights_after']:9.1e} "
                       f"{g['weights_after_all']:9.1e} {g['grad_norm_rel']:9.1e} {held:9.2f}  "
                       f"{'bit for bit' if g['before_bitwise'] else 'DIFFERENT'}")  # fmt: skip
         print("  (w after*: every element, including those whose gradient is within 1e-6 of zero, where "

@@ -8,10 +8,12 @@ Runs `rlgw.trainer.megatron_probe` (one step of the full objective on a fixed ba
 4 processes, then prints per split: the loss's relative gap, the largest absolute gap of the
 gathered gradients, of the published weights after the AdamW step (elements whose gradient is
 within 1e-6 of zero excluded, then included), the grad norm's relative gap, and whether the
-weights published before the step are the checkpoint bit for bit (HF -> sharded Megatron -> HF).
-The issue's bounds: loss 1e-5, gradients and weights 1e-4. With 2 processes, the same for a tiny
-Qwen3-MoE (4 experts, top-2; `tests.trainer.support.tiny_qwen3_moe`) at ep=2 against its own one
-rank. Then the pure conversion round trip
+weights published before the step are the checkpoint bit for bit (HF -> sharded Megatron -> HF),
+and the share of its parameters' Adam state that rank 0 holds ("distopt": megatron-core's
+distributed optimizer, which shards it over the dp replicas; otherwise 1). The issue's bounds:
+loss 1e-5, gradients and weights 1e-4. With 2 processes, the same for a tiny Qwen3-MoE (4 experts,
+top-2; `tests.trainer.support.tiny_qwen3_moe`) at ep=2 against its own one rank. Then the pure
+conversion round trip
 (no processes) for every split of tiny-qwen3 tied / untied with q/k/v biases and tiny-chatml,
 with and without vocabulary padding.
 """
@@ -31,7 +33,10 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCHES = {2: ["2x1x100", "1x1", "1x2"], 4: ["2x1", "2x2", "1x2"]}
+LAUNCHES = {
+    2: ["2x1x100", "1x1", "1x2", "1x1:distopt"],
+    4: ["2x1", "2x2", "1x2", "2x1:distopt", "1x2:distopt"],
+}
 
 
 def launch(out: Path, world: int, splits: list[str], device: str, model: Path | None = None) -> float:
@@ -90,9 +95,10 @@ def row(path: Path, one: dict, tag: str = "") -> None:
     g = compare(split, one)
     s = split["split"]
     name = f"tp{s['tp']} pp{s['pp']} dp{s['dp']}" + (f" ep{s['ep']}" if s.get("ep", 1) > 1 else "")
-    name += (" pad" if "pad" in path.stem else "") + tag
+    name += (" pad" if "pad" in path.stem else "") + (" distopt" if "distopt" in path.stem else "") + tag
+    held = split["held"]["exp_avg"] / split["held"]["params"]
     print(f"  {name:20s} {g['loss_rel']:9.1e} {g['grad_abs']:9.1e} {g['weights_after']:9.1e} "
-          f"{g['weights_after_all']:9.1e} {g['grad_norm_rel']:9.1e}  "
+          f"{g['weights_after_all']:9.1e} {g['grad_norm_rel']:9.1e} {held:9.2f}  "
           f"{'bit for bit' if g['before_bitwise'] else 'DIFFERENT'}")  # fmt: skip
 
 
@@ -111,7 +117,7 @@ def main() -> None:
         print(f"Megatron split vs one rank, one step on tiny-qwen3 ({backend}); launch wall times "
               + ", ".join(f"{w} proc {s:.0f}s" for w, s in walls.items()))  # fmt: skip
         print(f"  {'split':20s} {'loss rel':>9s} {'grad abs':>9s} {'w after':>9s} {'w after*':>9s} "
-              f"{'norm rel':>9s}  before == checkpoint")  # fmt: skip
+              f"{'norm rel':>9s} {'adam held':>9s}  before == checkpoint")  # fmt: skip
         for world in args.worlds:
             for f in sorted((out / str(world)).glob("*.pt")):
                 row(f, one)

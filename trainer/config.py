@@ -103,7 +103,9 @@ class ParallelSpec(_Strict):
     -m rlgw.bin.main train ...`); rank 0 runs the loop. `vocab_divisible_by` pads the vocabulary as
     Megatron-LM's `--make-vocab-size-divisible-by` does (times tp). `ep` (a MoE model) spreads the
     experts over that many ranks; megatron-core takes them from the data-parallel ranks, so it
-    adds no processes and must divide dp.
+    adds no processes and must divide dp. `distributed_optimizer` shards the Adam state and update
+    over the dp replicas (megatron-core's distributed optimizer: grads reduce-scattered, params
+    all-gathered) instead of a whole AdamW on every replica; same step.
     """
 
     tp: int = Field(1, ge=1)
@@ -111,6 +113,7 @@ class ParallelSpec(_Strict):
     dp: int = Field(1, ge=1)
     ep: int = Field(1, ge=1)
     vocab_divisible_by: int = Field(128, ge=1)
+    distributed_optimizer: bool = False
 
     @property
     def world(self) -> int:
@@ -179,7 +182,7 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _split_needs_megatron(self) -> TrainConfig:
-        if self.parallel.world > 1 and self.trainer != "megatron":
+        if (self.parallel.world > 1 or self.parallel.distributed_optimizer) and self.trainer != "megatron":
             raise ValueError(f"parallel {self.parallel.model_dump()} needs trainer: megatron")
         return self
 

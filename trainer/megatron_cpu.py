@@ -10,7 +10,11 @@ megatron-core 0.16 is written for GPUs; on a CPU (the tests, CI, a laptop) these
 - `DistributedDataParallel`'s gradient buffers and the pipeline's shape exchange allocate on
   `torch.cuda.current_device()`, the p2p code calls `torch.cuda.synchronize()`, the schedules put
   their token counter on `device="cuda"`, and with tied embeddings and pp > 1 the last stage moves
-  its copy of the embedding with `.cuda()`.
+  its copy of the embedding with `.cuda()`;
+- the distributed optimizer accepts only parameters whose `.type()` is "torch.cuda.FloatTensor"
+  (or Half/BFloat16), asserts the same of the gradients it clips, and makes its overflow flag, unit
+  loss scale and the grad norm's sum (`megatron.core.utils.local_multi_tensor_l2_norm`) with
+  `device="cuda"`.
 `cpu_shims()` patches the first four once; `cuda_is_cpu()` is a context, entered only around the
 megatron-core calls that need it, in which "the CUDA device" is the CPU. On a GPU neither is used.
 This module knows nothing about models or training.
@@ -93,18 +97,46 @@ class _TorchOnCpu:
         return torch.tensor(*args, device=_cpu(device), **kwargs)
 
 
+# megatron-core's modules that make tensors with `device="cuda"`: the schedules, the norm helper in
+# utils, and the optimizer's (loaded only with the distributed optimizer; each is imported before
+# the calls that need the context, so the context patches the ones loaded)
+_MAKE_CUDA_TENSORS = (
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.utils",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+)
+
+
+def _cuda_type(original: Any) -> Any:
+    def type_(self: Tensor, dtype: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # the optimizer checks `param.type() == "torch.cuda.FloatTensor"`; a conversion is left alone
+        if dtype is None and not args and not kwargs and self.device.type == "cpu":
+            return original(self).replace("torch.", "torch.cuda.", 1)
+        return original(self, dtype, *args, **kwargs)
+
+    return type_
+
+
 @contextlib.contextmanager
 def cuda_is_cpu() -> Iterator[None]:
     """Within: `torch.cuda.current_device()` is the CPU, `synchronize` a no-op, `.cuda()` stays put,
-    and the pipeline schedules' `device="cuda"` tensors are made on the CPU. Restored on exit."""
-    from megatron.core.pipeline_parallel import schedules
+    a CPU tensor's `.type()` names the CUDA type, and the `device="cuda"` tensors of megatron-core's
+    schedules, utils and optimizer are made on the CPU. Restored on exit."""
+    import sys
 
-    saved = (torch.cuda.current_device, torch.cuda.synchronize, Tensor.cuda, schedules.torch)
+    modules = [sys.modules[name] for name in _MAKE_CUDA_TENSORS if name in sys.modules]
+    saved = (torch.cuda.current_device, torch.cuda.synchronize, Tensor.cuda, Tensor.type)
+    saved_torch = [module.torch for module in modules]  # (the context nests: RoPE's get_emb enters it)
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
     Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
-    schedules.torch = _TorchOnCpu()  # type: ignore[assignment]
+    Tensor.type = _cuda_type(Tensor.type)  # type: ignore[method-assign]
+    for module in modules:
+        module.torch = _TorchOnCpu()  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        torch.cuda.current_device, torch.cuda.synchronize, Tensor.cuda, schedules.torch = saved
+        torch.cuda.current_device, torch.cuda.synchronize, Tensor.cuda, Tensor.type = saved
+        for module, original in zip(modules, saved_torch, strict=True):
+            module.torch = original  # type: ignore[attr-defined]

@@ -1,14 +1,17 @@
 """One Megatron training step at a given split, saved for comparison with the one-rank step.
 
     torchrun --nproc-per-node 4 -m rlgw.trainer.megatron_probe --split 2x2 --split 2x1 --out DIR
+    torchrun --nproc-per-node 2 -m rlgw.trainer.megatron_probe --split 1x1:distopt --out DIR
     python -m rlgw.trainer.megatron_probe --out DIR          # the one-rank reference: DIR/tp1pp1dp1.pt
     torchrun --nproc-per-node 2 -m rlgw.trainer.megatron_probe --model MOE --split 1x1-ep2 --out DIR
 
 Every rank builds its piece of the model; rank 0 runs, on a fixed synthetic step (several
 rollouts, split segments, two temperatures, uneven micro-batches), `loss_and_backward`, gathers
 the reduced gradients under HF names, then one `train_step`, and saves the metrics, the
-gradients, and the exported weights before and after under `--out` (`torch.save`). `compare` reads
-two such files and gives the largest gaps; `bench/megatron_equivalence.py` and the tests use it.
+gradients, the exported weights before and after, and how much Adam state rank 0 holds, under
+`--out` (`torch.save`). `:distopt` after a split steps with megatron-core's distributed optimizer.
+`compare` reads two such files and gives the largest gaps; `bench/megatron_equivalence.py` and the
+tests use it.
 This module owns no training logic: it drives `MegatronTrainer` as the loop would.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +64,9 @@ def synthetic_step(vocab: int, seed: int = 0) -> StepBatch:
 
 
 def run(
-    model: Path, tp: int, pp: int, *, lr: float, vocab_divisible_by: int, device: str, ep: int = 1
-) -> dict[str, Any] | None:
+    model: Path, tp: int, pp: int, *, lr: float, vocab_divisible_by: int, device: str, ep: int = 1,
+    distributed_optimizer: bool = False,
+) -> dict[str, Any] | None:  # fmt: skip
     """The probe's step on this rank; rank 0 returns what it measured, the others None."""
     import json
 
@@ -69,7 +74,8 @@ def run(
     from rlgw.trainer.settings import LossConfig, OptimConfig
 
     trainer = MegatronTrainer(model, LossConfig(**LOSS), OptimConfig(lr=lr), device=device, tp=tp, pp=pp,
-                              ep=ep, vocab_divisible_by=vocab_divisible_by)  # fmt: skip
+                              ep=ep, vocab_divisible_by=vocab_divisible_by,
+                              distributed_optimizer=distributed_optimizer)  # fmt: skip
     if not trainer.layout.driver:
         trainer.follow()
         return None
@@ -81,8 +87,13 @@ def run(
     after = dict(trainer.export_weights())
     trainer.close()
     layout = trainer.layout
+    # what rank 0 holds: its parameters, and the elements of Adam's first moment it keeps for them
+    # (torch's AdamW and megatron-core's optimizers both map each parameter to its state)
+    held = {"params": sum(p.numel() for p in trainer.params),
+            "exp_avg": sum(s["exp_avg"].numel() for _, s in trainer.optimizer.state.items())}  # fmt: skip
     return {"split": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep}, "metrics": metrics,
-            "step_metrics": step_metrics, "grads": grads, "before": before, "after": after}  # fmt: skip
+            "step_metrics": step_metrics, "grads": grads, "before": before, "after": after,
+            "held": held}  # fmt: skip
 
 
 def compare(split: dict[str, Any], one: dict[str, Any]) -> dict[str, float]:
@@ -104,23 +115,21 @@ def compare(split: dict[str, Any], one: dict[str, Any]) -> dict[str, float]:
             "before_bitwise": float(before)}  # fmt: skip
 
 
-def parse_split(text: str) -> tuple[int, int, int, int]:
-    """ "TPxPP" or "TPxPPxPAD" (vocab_divisible_by), either with "-epEP" (expert parallelism) after
-    it -> (tp, pp, pad, ep)."""
-    sizes, _, ep = text.lower().partition("-ep")
-    try:
-        parts = [int(x) for x in sizes.split("x")] + [int(ep or 1)]
-    except ValueError:
-        parts = []
-    if len(parts) not in (3, 4) or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"--split wants TPxPP[xPAD][-epEP], got {text!r}")
-    return parts[0], parts[1], parts[2] if len(parts) == 4 else 128, parts[-1]
+def parse_split(text: str) -> tuple[int, int, int, int, bool]:
+    """ "TPxPP" or "TPxPPxPAD" (vocab_divisible_by), then optionally "-epEP" (expert parallelism) and
+    ":distopt" (megatron-core's distributed optimizer) -> (tp, pp, pad, ep, distopt)."""
+    m = re.fullmatch(r"([1-9]\d*)x([1-9]\d*)(?:x([1-9]\d*))?(?:-ep([1-9]\d*))?(:distopt)?", text.lower())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"--split wants TPxPP[xPAD][-epEP][:distopt], got {text!r}")
+    return int(m[1]), int(m[2]), int(m[3] or 128), int(m[4] or 1), m[5] is not None
 
 
-def probe_name(split: dict[str, int], pad: int) -> str:
-    """The file stem of a split's probe: tpTppPdpD, then epE when ep > 1, then -padN when pad is not 128."""
+def probe_name(split: dict[str, int], pad: int, distopt: bool = False) -> str:
+    """The file stem of a split's probe: tpTppPdpD, then epE when ep > 1, -padN when pad is not 128,
+    and -distopt with the distributed optimizer."""
     ep = f"ep{split['ep']}" if split["ep"] > 1 else ""
-    return f"tp{split['tp']}pp{split['pp']}dp{split['dp']}{ep}{'' if pad == 128 else f'-pad{pad}'}"
+    pads = "" if pad == 128 else f"-pad{pad}"
+    return f"tp{split['tp']}pp{split['pp']}dp{split['dp']}{ep}{pads}{'-distopt' if distopt else ''}"
 
 
 def main() -> None:
@@ -128,23 +137,23 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=REPO / "tests" / "fixtures" / "tiny-qwen3")
-    p.add_argument("--split", type=parse_split, action="append", metavar="TPxPP[xPAD][-epEP]",
-                   help="tp x pp (x vocab_divisible_by, default 128) (-ep expert parallelism, default "
-                   "1); repeat to run several splits in one launch (dp is what the world leaves); "
-                   "default 1x1")  # fmt: skip
+    p.add_argument("--split", type=parse_split, action="append", metavar="TPxPP[xPAD][-epEP][:distopt]",
+                   help="tp x pp (x vocab_divisible_by, default 128) (-ep expert parallelism, default 1) "
+                   "(:distopt: megatron-core's distributed optimizer); repeat to run several splits in one "
+                   "launch (dp is what the world leaves); default 1x1")  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--out", type=Path, required=True, help="a directory: one tpTppPdpD[epE][-padN].pt per split"
-    )
+    p.add_argument("--out", type=Path, required=True,
+                   help="a directory: one tpTppPdpD[epE][-padN][-distopt].pt per split")  # fmt: skip
     args = p.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    for tp, pp, pad, ep in args.split or [(1, 1, 128, 1)]:
-        result = run(args.model, tp, pp, lr=args.lr, vocab_divisible_by=pad, device=args.device, ep=ep)
+    for tp, pp, pad, ep, distopt in args.split or [(1, 1, 128, 1, False)]:
+        result = run(args.model, tp, pp, lr=args.lr, vocab_divisible_by=pad, device=args.device, ep=ep,
+                     distributed_optimizer=distopt)  # fmt: skip
         parallel_state.destroy_model_parallel()  # the next split forms its own groups
         if result is not None:
-            torch.save(result, args.out / f"{probe_name(result['split'], pad)}.pt")
+            torch.save(result, args.out / f"{probe_name(result['split'], pad, distopt)}.pt")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,11 @@ wraps it in megatron-core's `DistributedDataParallel`; a step runs megatron-core
 forward-backward schedule (1F1B across stages when pp > 1) over the rank's data-parallel share,
 `finalize_model_grads` reduces the gradients (summed over replicas: every share's loss is already
 weighted by the whole step's denominators), the gradient norm is taken over the whole model, and
-each rank's AdamW steps its own parameters. Rank 0 drives (`megatron_ranks`): its `train_step`,
+each rank's AdamW steps its own parameters. With `distributed_optimizer` the step is
+megatron-core's distributed optimizer's instead, the same AdamW with the Adam state sharded over
+the replicas: the gradients are reduce-scattered, its `step()` takes the norm over every shard,
+clips, updates this replica's shard and all-gathers the parameters (`loss_and_backward` still
+all-reduces the whole gradients, for `hf_gradients`). Rank 0 drives (`megatron_ranks`): its `train_step`,
 `export_weights` and `hf_gradients` bring the other ranks along, which wait in `follow()`.
 On CPU megatron-core needs the shims of `megatron_cpu`. The objective is `rlgw.trainer.objective`'s.
 """
@@ -180,7 +184,7 @@ class MegatronTrainer:
 
     def __init__(self, model_dir: Path, loss: LossConfig, optim: OptimConfig, *, device: str = "cpu",
                  seed: int = 0, tp: int = 1, pp: int = 1, dp: int | None = None, ep: int = 1,
-                 vocab_divisible_by: int = 128) -> None:  # fmt: skip
+                 vocab_divisible_by: int = 128, distributed_optimizer: bool = False) -> None:  # fmt: skip
         if loss.kl_coef and loss.kl_source == "reference":
             raise NotImplementedError("the Megatron trainer takes KL to a teacher (kl_source='teacher') only")
         torch.manual_seed(seed)
@@ -189,6 +193,7 @@ class MegatronTrainer:
         self.split = Split(tp, pp, ep)
         check_split(self.hf, self.split)
         self.device = torch.device(device)
+        self.distributed_optimizer = distributed_optimizer
         self._on_device: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
         if self.device.type == "cpu":
             cpu_shims()
@@ -203,9 +208,32 @@ class MegatronTrainer:
         self.load_hf_state(state)
         self._export_dtypes = checkpoint_tensor_names(self.model_dir)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
-        )
+        self.optimizer: Any
+        if distributed_optimizer:
+            self.optimizer = self._megatron_optimizer()
+        else:
+            self.optimizer = torch.optim.AdamW(
+                self.params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+            )
+
+    def _megatron_optimizer(self) -> Any:
+        """megatron-core's distributed optimizer: Adam state and the update sharded over the replicas.
+
+        The same AdamW as the default path: one lr and weight decay for every parameter (no config
+        overrides: Megatron's default marks norms and biases for no decay, which its lr scheduler,
+        not used here, would apply), no loss scaling (fp32), clipping by the whole model's norm
+        (`clip_grad` 0: none). Its parameter shards are views of the model's (fp32): no copies.
+        """
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        opt = self.optim_cfg
+        config = OptimizerConfig(
+            optimizer="adam", lr=opt.lr, weight_decay=opt.weight_decay, adam_beta1=opt.betas[0],
+            adam_beta2=opt.betas[1], adam_eps=opt.eps, clip_grad=opt.grad_clip or 0.0,
+            use_distributed_optimizer=True,
+        )  # fmt: skip
+        with self._on_device():
+            return get_megatron_optimizer(config, [self.model], config_overrides={})
 
     def _build(self, device: str) -> torch.nn.Module:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -215,12 +243,22 @@ class MegatronTrainer:
             model = build_gpt_model(self.hf, self.split, self.vocab_rows, device=device)
             ddp = DistributedDataParallel(
                 config=model.config,
-                ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False),
+                ddp_config=DistributedDataParallelConfig(
+                    grad_reduce_in_fp32=True,
+                    overlap_grad_reduce=False,
+                    # grads reduce-scattered, each replica updates its shard, params all-gathered
+                    use_distributed_optimizer=self.distributed_optimizer,
+                ),
                 module=model,
             )
-        # called by the schedule after the last backward: DP all-reduce (a sum, see transformer_config)
-        # and the tied embedding's gradient summed over the first and last stage; no token scaling
-        model.config.finalize_model_grads_func = lambda models, *_, **__: finalize_model_grads(models)
+
+        # called by the schedule after the last backward: DP all-reduce (a sum, see transformer_config;
+        # a reduce-scatter with the distributed optimizer unless forced) and the tied embedding's
+        # gradient summed over the first and last stage; no token scaling
+        def finalize(models: list[Any], *_: Any, force_all_reduce: bool = False, **__: Any) -> None:
+            finalize_model_grads(models, force_all_reduce=force_all_reduce)
+
+        model.config.finalize_model_grads_func = finalize
         model.config.no_sync_func = ddp.no_sync
         return ddp
 
@@ -243,9 +281,13 @@ class MegatronTrainer:
     # -- what every rank runs --------------------------------------------------------------------
 
     def _schedule(
-        self, mbs: list[MicroBatch], loss_func: Callable[..., Any], *, forward_only: bool
+        self, mbs: list[MicroBatch], loss_func: Callable[..., Any], *, forward_only: bool, whole: bool = True
     ) -> list[Any]:
-        """megatron-core's forward-backward over `mbs`; on the last stage, what `loss_func` gave per batch."""
+        """megatron-core's forward-backward over `mbs`; on the last stage, what `loss_func` gave per batch.
+
+        `whole`: the gradients are all-reduced whole on every replica even with the distributed
+        optimizer (which, for a step, needs only its shard of them: a reduce-scatter).
+        """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def forward_step(
@@ -271,6 +313,7 @@ class MegatronTrainer:
                 seq_length=max(mb.input_ids.shape[1] for mb in mbs),
                 micro_batch_size=max(mb.rows for mb in mbs),
                 forward_only=forward_only,
+                force_all_reduce=whole,
             )
 
     def _old_log_probs(self, mbs: list[MicroBatch]) -> list[Tensor] | None:
@@ -284,8 +327,11 @@ class MegatronTrainer:
 
         return [d["old"] for d in self._schedule(mbs, logprobs, forward_only=True)]
 
-    def _backward_local(self, share: StepBatch) -> dict[str, float]:
-        """Gradients of this rank's share, reduced over the model and the replicas; the step's metrics."""
+    def _backward_local(self, share: StepBatch, *, whole: bool = True) -> dict[str, float]:
+        """Gradients of this rank's share, reduced over the model and the replicas; the step's metrics.
+
+        `whole` False: with the distributed optimizer each replica gets only its shard reduced.
+        """
         self.model.zero_grad_buffer()
         tokens = share.rollout_tokens.to(self.device)
         old = self._old_log_probs(share.micro_batches)
@@ -298,7 +344,7 @@ class MegatronTrainer:
             )
             return value, torch.ones((), dtype=torch.int), metrics
 
-        parts = self._schedule(share.micro_batches, loss, forward_only=False)
+        parts = self._schedule(share.micro_batches, loss, forward_only=False, whole=whole)
         # every tensor-parallel rank of the last stage computed the same loss: count one of them
         mine = merge_metrics(parts) if self.layout.last_stage and self.layout.tp_rank == 0 else {}
         metrics = merge_metrics([m for m in ranks.all_gather(self.layout, mine) if m])
@@ -328,7 +374,12 @@ class MegatronTrainer:
 
     def _step_local(self, share: StepBatch) -> dict[str, float]:
         """Gradients, clip by the whole model's norm (as `clip_grad_norm_`), one AdamW step."""
-        metrics = self._backward_local(share)
+        metrics = self._backward_local(share, whole=False)
+        metrics["grad_norm"] = self._distributed_step() if self.distributed_optimizer else self._adamw_step()
+        return metrics
+
+    def _adamw_step(self) -> float:
+        """Clip by the whole model's norm, step this rank's AdamW over its whole parameters; the norm."""
         norm = self._grad_norm()
         coef = ((self.optim_cfg.grad_clip or float("inf")) / (norm + 1e-6)).clamp(max=1.0)
         for p in self.params:
@@ -336,8 +387,16 @@ class MegatronTrainer:
         self.optimizer.step()
         for p in self.params:  # DDP's hooks add each backward's .grad into main_grad: start from None
             p.grad = None
-        metrics["grad_norm"] = float(norm)
-        return metrics
+        return float(norm)
+
+    def _distributed_step(self) -> float:
+        """megatron-core's step: the norm over all shards, clip, Adam on this shard, all-gather; the norm."""
+        with self._on_device():
+            ok, norm, _ = self.optimizer.step()
+        if not ok:  # only a loss scaler skips a step, and fp32 has none
+            raise RuntimeError("megatron-core's distributed optimizer skipped the step")
+        self.optimizer.zero_grad()  # drops the shards' .grad (views of the gradient buffer)
+        return float(norm)
 
     def _local_pieces(
         self, source: Callable[[], dict[str, Tensor]]

@@ -1,9 +1,15 @@
-"""Megatron-core GPTModel vs the PyTorch trainer on identical weights and batch: loss (1e-5 rel), grads."""
+"""Megatron-core GPTModel vs the PyTorch trainer on identical weights and batch: loss (1e-5 rel), grads.
+
+And megatron-core's distributed optimizer (`parallel.distributed_optimizer` in the config) against
+the default AdamW on one rank, over two clipped steps with weight decay (its sharding over replicas:
+`test_megatron_ranks.py`).
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -14,7 +20,7 @@ from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
 from rlgw.trainer.batch import Rollout, build_step
 from rlgw.trainer.objective import LossConfig
 from rlgw.trainer.torch_trainer import OptimConfig, TorchTrainer
-from tests.support.procs import FIXTURES
+from tests.support.procs import FIXTURES, REPO
 from tests.trainer.support import sampled_at
 
 pytestmark = pytest.mark.skipif(
@@ -103,3 +109,38 @@ def test_megatron_matches_pytorch_on_cpu(parallel) -> None:
 @pytest.mark.gpu
 def test_megatron_matches_pytorch_on_gpu(parallel) -> None:
     compare("cuda")
+
+
+def two_clipped_steps(device: str, distributed_optimizer: bool) -> tuple[list[dict[str, float]], dict]:
+    """Two steps on `batch()` by the trainer `rlgw train` builds from the word task's config, at one rank."""
+    from rlgw.trainer.config import TrainConfig
+    from rlgw.trainer.loop import build_trainer
+
+    doc = json.loads((REPO / "trainer/configs/word-tiny-megatron.json").read_text())
+    # the norm is 0.1 then 0.44: clipped both times. Without the clip, or the weight decay, the
+    # distributed optimizer's second step is another (norm, loss and weights: 7e-4, 4e-4 apart)
+    optim = {"lr": 1e-3, "grad_clip": 0.05, "weight_decay": 0.1}
+    doc |= {"model": str(MODEL), "device": device, "optim": optim,
+            "parallel": {"distributed_optimizer": distributed_optimizer}}  # fmt: skip
+    trainer = build_trainer(TrainConfig.model_validate(doc))
+    assert type(trainer.optimizer).__name__ == ("ChainedOptimizer" if distributed_optimizer else "AdamW")
+    metrics = [trainer.train_step(batch()) for _ in range(2)]
+    return metrics, dict(trainer.export_weights())
+
+
+def distributed_optimizer_steps_as_adamw(device: str) -> None:
+    adamw, distopt = two_clipped_steps(device, False), two_clipped_steps(device, True)
+    for a, d in zip(adamw[0], distopt[0], strict=True):
+        assert d["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert d["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+    for name, w in adamw[1].items():
+        torch.testing.assert_close(distopt[1][name], w, rtol=0, atol=1e-5, msg=name)
+
+
+def test_distributed_optimizer_steps_as_adamw_on_cpu(parallel) -> None:
+    distributed_optimizer_steps_as_adamw("cpu")
+
+
+@pytest.mark.gpu
+def test_distributed_optimizer_steps_as_adamw_on_gpu(parallel) -> None:
+    distributed_optimizer_steps_as_adamw("cuda")

@@ -7,7 +7,10 @@ published before the step must be the checkpoint bit for bit (HF -> sharded Mega
 through the real models). The tensor-parallel split pads the vocabulary (4096 -> 4200 rows)
 while the one-rank reference does not: the padded logits must not change anything. A tiny
 Qwen3-MoE split over two expert-parallel ranks (two experts each) is held to the same bounds
-against its own one-rank step.
+against its own one-rank step. The ":distopt" splits step with megatron-core's distributed
+optimizer (gradients reduce-scattered, Adam on each replica's shard, parameters all-gathered): the
+same bounds, and at dp=2 the same step as the default AdamW's within 1e-5 while rank 0 keeps Adam
+state for half its parameters.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 # Several splits share one launch (a launch's start-up is most of its time on a small CPU).
-LAUNCHES = {2: ["2x1x100", "1x1"], 4: ["2x1", "2x2", "1x2"]}
+LAUNCHES = {2: ["2x1x100", "1x1", "1x1:distopt"], 4: ["2x1", "2x2", "1x2", "2x1:distopt", "1x2:distopt"]}
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +99,13 @@ def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 SPLITS = [
     pytest.param("two_ranks", "tp2pp1dp1-pad100", id="tp2"),
     pytest.param("two_ranks", "tp1pp1dp2", id="dp2"),
+    pytest.param("two_ranks", "tp1pp1dp2-distopt", id="dp2-distopt"),
     pytest.param("two_ranks_pp", "tp1pp2dp1", id="pp2", marks=pytest.mark.slow),
     pytest.param("four_ranks", "tp2pp1dp2", id="tp2xdp2", marks=pytest.mark.slow),
     pytest.param("four_ranks", "tp2pp2dp1", id="tp2xpp2", marks=pytest.mark.slow),
     pytest.param("four_ranks", "tp1pp2dp2", id="pp2xdp2", marks=pytest.mark.slow),
+    pytest.param("four_ranks", "tp2pp1dp2-distopt", id="tp2xdp2-distopt", marks=pytest.mark.slow),
+    pytest.param("four_ranks", "tp1pp2dp2-distopt", id="pp2xdp2-distopt", marks=pytest.mark.slow),
 ]
 
 
@@ -108,6 +114,19 @@ def test_split_step_equals_one_rank_on_cpu(
     launch: str, split: str, one_rank: dict, request: pytest.FixtureRequest
 ) -> None:
     check(request.getfixturevalue(launch)[split], one_rank)
+
+
+def test_distributed_optimizer_steps_as_adamw_with_half_the_state_on_cpu(two_ranks: dict[str, dict]) -> None:
+    """dp=2: megatron-core's distributed optimizer's step is the default AdamW's (its grad norm is
+    the optimizer's own), and rank 0 holds Adam state for its half of the gradient buffer only."""
+    adamw, distopt = two_ranks["tp1pp1dp2"], two_ranks["tp1pp1dp2-distopt"]
+    assert distopt["metrics"]["loss"] == pytest.approx(adamw["metrics"]["loss"], rel=1e-5)
+    assert distopt["step_metrics"]["grad_norm"] == pytest.approx(adamw["step_metrics"]["grad_norm"], rel=1e-5)
+    for name, w in adamw["after"].items():
+        torch.testing.assert_close(distopt["after"][name], w, rtol=0, atol=1e-5, msg=name)
+    assert adamw["held"]["exp_avg"] == adamw["held"]["params"]
+    # the buffer is padded so that it splits evenly: each half is within a bucket's padding of half
+    assert abs(distopt["held"]["exp_avg"] - distopt["held"]["params"] / 2) <= 1024
 
 
 @pytest.mark.gpu

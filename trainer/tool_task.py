@@ -5,7 +5,9 @@ Each attempt is one gateway session with two chat turns (the `openai` SDK, `tool
 2. if it called, the agent runs the tool (its result: a city drawn at random for this attempt,
    "Cairo") and sends it as a `tool` message (mask 0 in the sample) -> the model answers.
 The verifier pays 1 when the model called `locate` and its answer is the tool's city, else 0: a
-model that answers without calling, or ignores the result, is right by chance only (1 in 8).
+model that answers without calling, or ignores the result, is right by chance only (1 in 8). A GRPO
+group is `group_size` attempts with one city (`group_cities`); each iteration's groups take the
+cities in turn.
 
 The task's fixture is `tests/fixtures/tiny-reader`, pretrained to copy a value (these cities among them) out
 of a user message or another tool's result, never `locate`'s. `warm_start` first teaches the task's turns by
@@ -47,6 +49,32 @@ def tool_reward(called: bool, answer: str | None, city: str) -> float:
     return 1.0 if m is not None and m.group(1) == city else 0.0
 
 
+def group_cities(rng: random.Random, groups: int) -> list[str]:
+    """The tool's city for each GRPO group of an iteration: the cities in turn, shuffled.
+
+    A group is its attempts at one task, so one city for the whole group: an attempt is compared
+    only with attempts that read the same result. Groups of mixed cities pushed a wrong answer
+    down against other cities' successes, the same token in every context, and two cities that
+    started weak were pushed out for good (seeds 0 and 1 stuck at 6/8 and 7/8). Taking the cities
+    in turn trains every city alike each iteration.
+    """
+    cities = [CITIES[g % len(CITIES)] for g in range(groups)]
+    rng.shuffle(cities)
+    return cities
+
+
+def warm_start_pairs(rng: random.Random, episodes: int) -> list[tuple[str, str]]:
+    """(tool result, answer) of one warm-start step's episodes: each city answers equally often, and
+    the results are shuffled apart from the answers, so the format is taught and not the reading,
+    and no city ends the warm start favoured (answers drawn at random left, after the last steps'
+    draws, two cities at p < 0.1 whatever the result, and RL at seed 0 never found them)."""
+    answers = [CITIES[k % len(CITIES)] for k in range(episodes)]
+    results = answers[:]
+    rng.shuffle(answers)
+    rng.shuffle(results)
+    return list(zip(results, answers, strict=True))
+
+
 @dataclass(slots=True)
 class ToolRollouts:
     """`groups` GRPO groups of `group_size` attempts per iteration, each attempt a two-turn tool session."""
@@ -60,8 +88,7 @@ class ToolRollouts:
 
     async def collect(self, gateway_url: str, gateway_key: str | None, iteration: int) -> CollectResult:
         """Run every attempt of this iteration; each session is finished with its verified reward."""
-        rng = random.Random(self.seed * 1_000_003 + iteration)
-        cities = [[rng.choice(CITIES) for _ in range(self.group_size)] for _ in range(self.groups)]
+        cities = group_cities(random.Random(self.seed * 1_000_003 + iteration), self.groups)
         attempts = [
             Attempt(
                 "tool-locate",
@@ -70,8 +97,8 @@ class ToolRollouts:
                 {"iteration": iteration, "city": city},
                 functools.partial(self._episode, city=city),
             )
-            for g, row in enumerate(cities)
-            for k, city in enumerate(row)
+            for g, city in enumerate(cities)
+            for k in range(self.group_size)
         ]
         sampling = {"temperature": self.temperature, "top_p": 1.0, "top_k": -1}
         return await run_attempts(gateway_url, gateway_key, attempts, sampling, self.concurrency, self.seed)
@@ -99,17 +126,16 @@ class ToolRollouts:
 WARM_STEPS = 40
 
 
-def _warm_start_rows(tokenizer: Any, rng: random.Random) -> list[tuple[list[int], int]]:
+def _warm_start_rows(tokenizer: Any, result: str, answer: str) -> list[tuple[list[int], int]]:
     """One (ids, completion start) per turn of a made-up episode, rendered as the gateway renders it."""
     kw = {"tools": [TOOL], "add_generation_prompt": True, "enable_thinking": False, "tokenize": False}
     call = '<tool_call>\n{"name": "locate", "arguments": {}}\n</tool_call>'
     user = [{"role": "user", "content": PROMPT}]
     called = [*user, {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_0", "type": "function", "function": {"name": "locate", "arguments": {}}}]},
-        {"role": "tool", "tool_call_id": "call_0", "content": rng.choice(CITIES)}]  # fmt: skip
+        {"role": "tool", "tool_call_id": "call_0", "content": result}]  # fmt: skip
     rows = []
-    # the answer is drawn apart from the tool's city: the format is taught, not the reading
-    for messages, completion in ((user, call), (called, rng.choice(CITIES))):
+    for messages, completion in ((user, call), (called, answer)):
         prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, **kw), add_special_tokens=False)
         target = tokenizer.encode(completion + "<|im_end|>", add_special_tokens=False)
         rows.append((prompt + target, len(prompt)))
@@ -132,7 +158,8 @@ def warm_start(
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):
-        rows = [r for _ in range(batch // 2) for r in _warm_start_rows(tokenizer, rng)]
+        pairs = warm_start_pairs(rng, batch // 2)
+        rows = [row for result, answer in pairs for row in _warm_start_rows(tokenizer, result, answer)]
         width = max(len(ids) for ids, _ in rows)
         ids = torch.full((len(rows), width), int(tokenizer.pad_token_id or 0))
         labels = torch.full((len(rows), width), -100)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from rlgw.trainer.config import TrainConfig
-from rlgw.trainer.tool_task import tool_reward, warm_start
+from rlgw.trainer.tool_task import CITIES, group_cities, tool_reward, warm_start, warm_start_pairs
 from tests.support.procs import FIXTURES, REPO
 from tests.trainer.support import run_train
 
@@ -35,6 +35,21 @@ def test_the_verifier_pays_a_call_and_the_results_city_only() -> None:
     assert tool_reward(True, "Dublin", "Cairo") == 0.0
     assert tool_reward(False, "Cairo", "Cairo") == 0.0  # right by chance, without calling the tool
     assert tool_reward(True, None, "Cairo") == 0.0
+
+
+def test_a_group_reads_one_city_and_an_iteration_every_city() -> None:
+    cities = group_cities(random.Random(3), 8)
+    assert sorted(cities) == sorted(CITIES) and cities == group_cities(random.Random(3), 8)
+    assert sorted(group_cities(random.Random(3), 16)) == sorted(CITIES * 2)
+
+
+def test_the_warm_start_answers_every_city_alike_and_apart_from_the_result() -> None:
+    rng = random.Random(0)
+    steps = [warm_start_pairs(rng, 8) for _ in range(200)]
+    for pairs in steps:
+        assert sorted(a for _, a in pairs) == sorted(r for r, _ in pairs) == sorted(CITIES)
+    same = sum(r == a for pairs in steps for r, a in pairs) / (8 * len(steps))
+    assert abs(same - 1 / 8) < 0.03  # the answer does not follow the result
 
 
 def test_the_configs_are_the_tool_task_on_each_trainer() -> None:

@@ -30,18 +30,6 @@ pytestmark = pytest.mark.skipif(
 MODEL = FIXTURES / "tiny-qwen3"
 
 
-@pytest.fixture(scope="module")
-def parallel():
-    """Megatron's process groups for this module only (other tests may form their own)."""
-    yield
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def batch(seed: int = 0):
     rng = np.random.default_rng(seed)
     rollouts = []

@@ -30,18 +30,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def parallel():
-    """Megatron's process groups for this module only (other tests may form their own)."""
-    yield
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def moe_model(out: Path, norm_topk_prob: bool, mlp_only_layers: tuple[int, ...] = ()) -> Path:
     model = tiny_qwen3_moe(out, mlp_only_layers=mlp_only_layers)
     config = json.loads((model / "config.json").read_text())

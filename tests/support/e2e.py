@@ -87,8 +87,10 @@ def echo(message: Any, *, reserialize: bool, drop_reasoning: bool) -> dict[str, 
         calls = []
         for c in message.tool_calls:
             args = c.function.arguments
-            if reserialize:  # pretty-printed, keys reordered: not the bytes the model emitted
-                args = json.dumps(json.loads(args), indent=2, sort_keys=True)
+            if reserialize and (parsed := _json_or_none(args)) is not None:
+                # pretty-printed, keys reordered: not the bytes the model emitted (a call cut inside
+                # its arguments does not parse: it goes back as it came)
+                args = json.dumps(parsed, indent=2, sort_keys=True)
             calls.append(
                 {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}}
             )
@@ -96,8 +98,18 @@ def echo(message: Any, *, reserialize: bool, drop_reasoning: bool) -> dict[str, 
     return out
 
 
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def tool_result(call: Any) -> str:
-    args = json.loads(call.function.arguments)
+    """What the fixture's tools answer; a call whose arguments do not parse gets the error agents send."""
+    args = _json_or_none(call.function.arguments)
+    if not isinstance(args, dict):
+        return "error: the arguments are not a JSON object"
     if call.function.name == "get_weather":
         return fp.weather_result(args.get("city", "?"), "sunny", 20)
     return json.dumps({"files": ["a.txt", "b.txt"]})

@@ -35,8 +35,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import orjson
-
 from rlgw.gateway.errors import StoreUnavailable
 from rlgw.gateway.trajectories.store import (
     ROLLOUT_DOC,
@@ -44,8 +42,8 @@ from rlgw.gateway.trajectories.store import (
     Finish,
     GroupCommitStore,
     PendingFinish,
-    RolloutTaken,
     StoreError,
+    refuse_stored_rollout,
 )
 
 log = logging.getLogger(__name__)
@@ -99,6 +97,7 @@ _INSERT = (
     "group_index, status, reward, response_length, trainable_tokens, arrays, weight_versions, metadata) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
+_ROLLOUT_DOC = ROLLOUT_DOC.replace("?", "%s")
 
 
 def is_url(location: str) -> bool:
@@ -195,13 +194,10 @@ def insert_finishes(conn: Any, batch: list[Finish]) -> list[list[int] | BaseExce
         nxt += len(rows)
         try:
             with conn.transaction():  # a savepoint inside the caller's transaction
-                if outcome is not None and outcome.rollout_id is not None:
-                    # Every writer waits on the counter's row lock above until this commits, and each
-                    # statement reads what was committed before it (READ COMMITTED): no other gateway
-                    # can store the rollout between this check and the commit.
-                    args = (outcome.tenant, outcome.rollout_id)
-                    if (taken := conn.execute(ROLLOUT_DOC.replace("?", "%s"), args).fetchone()) is not None:
-                        raise RolloutTaken(outcome.rollout_id, orjson.loads(taken[0]))
+                # Every writer waits on the counter's row lock above until this commits, and each
+                # statement reads what was committed before it (READ COMMITTED): no other gateway can
+                # store the rollout between this check and the commit.
+                refuse_stored_rollout(conn, outcome, _ROLLOUT_DOC)
                 with conn.cursor() as cur:
                     cur.executemany(_INSERT, [(c, *row) for c, row in zip(cursors, rows, strict=True)])
                 if outcome is not None:

@@ -135,6 +135,16 @@ class RolloutTaken(Exception):
         self.summary = summary
 
 
+def refuse_stored_rollout(conn: Any, outcome: Any, query: str = ROLLOUT_DOC) -> None:
+    """Raise `RolloutTaken` if `outcome`'s rollout already has a stored finish (`conn`: a DB-API
+    connection inside the writer's transaction; `query`: `ROLLOUT_DOC` in its driver's paramstyle)."""
+    if outcome is None or outcome.rollout_id is None:
+        return
+    taken = conn.execute(query, (outcome.tenant, outcome.rollout_id)).fetchone()
+    if taken is not None:
+        raise RolloutTaken(outcome.rollout_id, orjson.loads(taken[0]))
+
+
 @dataclass(frozen=True, slots=True)
 class StoredSample:
     """A sample as the store holds it: its cursor, owner and where it came from."""
@@ -638,12 +648,9 @@ class TrajectoryStore(GroupCommitStore):
             for rows, outcome in batch:
                 conn.execute("SAVEPOINT finish")
                 try:
-                    if outcome is not None and outcome.rollout_id is not None:
-                        # BEGIN IMMEDIATE holds the file's write lock: no other writer, in this
-                        # process or another, can store the rollout between this check and the commit.
-                        taken = conn.execute(ROLLOUT_DOC, (outcome.tenant, outcome.rollout_id)).fetchone()
-                        if taken is not None:
-                            raise RolloutTaken(outcome.rollout_id, orjson.loads(taken[0]))
+                    # BEGIN IMMEDIATE holds the file's write lock: no other writer, in this process
+                    # or another, can store the rollout between this check and the commit.
+                    refuse_stored_rollout(conn, outcome)
                     cursors = [conn.execute(_INSERT, row).lastrowid for row in rows]
                     if outcome is not None:
                         conn.execute(

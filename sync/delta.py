@@ -12,11 +12,10 @@ Encoding hashes the new bytes, then reads each changed tensor pair once, one cac
 `SCAN_BLOCK` at a time: each block pair is compared and its changed elements gathered while both
 are in the core's cache (a dense xor, above `SPARSE_MAX`, takes a second pass to xor and compress).
 Applying streams each tensor chunk by chunk through a per-thread scratch buffer (read, patch, hash,
-write).
-Tensors run in parallel on a few threads (numpy, zstd and xxhash release the GIL). `apply_delta`
-never touches its base: it writes a new full version into a directory the caller publishes,
-checking the base version, every tensor's base digest before and its new digest after. Versions,
-staging and engines are not this module's.
+write). Tensors run in parallel on a few threads (numpy, zstd and xxhash release the GIL).
+`apply_delta` never touches its base: it writes a new full version into a directory the caller
+publishes, checking the base version, every tensor's base digest before and its new digest after.
+Versions, staging and engines are not this module's.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ trainer's own schedule (the recomputed old logprobs of the probe's synthetic ste
 `transformers`; with `norm_topk_prob` (Megatron's softmax over the top-k logits) and a dense
 second layer (`mlp_only_layers`), and without it (the softmax over all experts, pre-top-k) and
 every layer MoE. The splits megatron-core cannot take are refused with reasons. The
-expert-parallel step itself is in `test_megatron_ranks.py`.
+expert-parallel step itself is in `test_megatron_ranks.py`. Slow: `rlgw train --nproc-per-node 2`
+with `parallel: {"dp": 2, "ep": 2}` on the MoE model as a user runs it (the embedded engine serves
+it, each iteration publishes and the engine serves the next version).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from rlgw.trainer.config import ParallelSpec
 from rlgw.trainer.megatron_probe import synthetic_step
 from rlgw.trainer.objective import LossConfig, engine_logits, token_log_probs
 from rlgw.trainer.torch_trainer import OptimConfig
-from tests.trainer.support import tiny_qwen3_moe
+from tests.support.procs import REPO
+from tests.trainer.support import run_train, tiny_qwen3_moe
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
@@ -113,3 +116,16 @@ def test_expert_parallel_shares_are_even() -> None:
     assert len({tuple(mb.input_ids.shape) for s in shares for mb in s.micro_batches}) == 1
     trainable = sum(float(mb.loss_mask.sum()) for s in shares for mb in s.micro_batches)
     assert trainable == sum(float(mb.loss_mask.sum()) for mb in step.micro_batches)
+
+
+@pytest.mark.slow
+def test_rlgw_train_runs_a_moe_model_with_expert_parallelism(tmp_path: Path) -> None:
+    config = json.loads((REPO / "trainer" / "configs" / "word-tiny.json").read_text())
+    config.update(model=str(tiny_qwen3_moe(tmp_path / "model")), trainer="megatron", iterations=3,
+                  parallel={"dp": 2, "ep": 2})  # fmt: skip
+    (tmp_path / "moe.json").write_text(json.dumps(config))
+    receipts = run_train(tmp_path / "moe.json", tmp_path / "work", "--nproc-per-node", "2")
+    assert [r["published"]["served_versions"] for r in receipts] == [["1"], ["2"], ["3"]]
+    for r in receipts:  # the engine's sampled logprobs are the Megatron MoE's, experts spread over 2 ranks
+        assert r["trainable_tokens"] > 0 and r["logprob_gap_max"] <= 1e-3
+        assert r["is_ratio_mean"] == pytest.approx(1.0, abs=1e-3)

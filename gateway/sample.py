@@ -45,9 +45,9 @@ class RejectReason(enum.StrEnum):
 class VersionSpan:
     """`version` produced the response tokens in [start, end) (response-relative indices)."""
 
-    version: str
-    start: int
-    end: int
+    version: str  # the weight version that sampled these tokens
+    start: int  # the first response token it sampled
+    end: int  # one past the last
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""Generate reference/config.md from `TrainConfig`'s pydantic model: every field, its type, default and meaning."""
+"""Generate reference/config.md from `TrainConfig`'s pydantic model: field types, defaults, meanings."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def render() -> str:
     out = [
         "# Training config",
         "",
-        "`rlgw train --config FILE` reads JSON or TOML into `rlgw.trainer.config.TrainConfig`; unknown keys are an"
-        " error. Generated at build time from the model's fields (`trainer/config.py`).",
+        "`rlgw train --config FILE` reads JSON or TOML into `rlgw.trainer.config.TrainConfig`; unknown keys"
+        " are an error. Generated at build time from the model's fields (`trainer/config.py`).",
         "",
     ]
     queue: list[tuple[str, type[BaseModel]]] = [("", TrainConfig)]

@@ -31,8 +31,8 @@ _READS = [
 ]
 
 PRODUCT = {
-    "RLGW_ADMIN_KEY": "`rlgw serve`: the admin key (tenants API, `/metrics`); `rlgw tenants`: the key it sends. "
-    "Or `--admin-key-file`; never on the command line.",
+    "RLGW_ADMIN_KEY": "`rlgw serve`: the admin key (tenants API, `/metrics`); `rlgw tenants`: the key it"
+    " sends. Or `--admin-key-file`; never on the command line.",
     "RLGW_TENANT_KEYS": "`rlgw serve`: static tenant keys, `tenant:key` pairs separated by commas (or"
     " `--tenant-keys-file`).",
     "RLGW_URL": "`rlgw tenants`: the gateway to manage (default `http://127.0.0.1:8000`; `--url` wins).",
@@ -52,7 +52,7 @@ PRODUCT = {
     "RANK": "Set by torchrun: `rlgw train --nproc-per-node` re-execs under torchrun unless it is set; rank 0"
     " runs the loop.",
     "LOCAL_RANK": "Set by torchrun: the CUDA device of a Megatron rank.",
-    "RLGW_TEST_KILL_AT": "Test hook: kills the gateway at a named point of `finish` (the retry-after-kill tests).",
+    "RLGW_TEST_KILL_AT": "Test hook: kills the gateway at a named point of `finish` (the retry tests).",
 }
 TESTS = {
     "RLGW_LONG": "`1` runs the `long` tier (learning curves, SmolLM2 on vLLM).",
@@ -83,7 +83,7 @@ def _files(*dirs: str) -> list[Path]:
 def _table(found: dict[str, list[str]], meanings: dict[str, str]) -> list[str]:
     missing, stale = set(found) - set(meanings), set(meanings) - set(found)
     if missing or stale:
-        raise SystemExit(f"docs/gen/environment.py: undescribed {sorted(missing)}, no longer read {sorted(stale)}")
+        raise SystemExit(f"docs/gen/environment.py: undescribed {sorted(missing)}, not read {sorted(stale)}")
     out = ["| variable | read by | meaning |", "| --- | --- | --- |"]
     for name in sorted(found):
         where = ", ".join(f"`{p}`" for p in found[name])

@@ -50,8 +50,8 @@ def render(doc: dict[str, Any]) -> str:
         "",
         "Generated at build time from the gateway's OpenAPI document (the running gateway serves it at"
         " `/openapi.json`; the turn routes' request models are added here). The whole document:"
-        " [openapi.json](openapi.json). Turn routes come in two forms: `/s/{session_id}/v1/...` (the session in"
-        " the path: the agent's base URL) and `/v1/...` (the session found by its key).",
+        " [openapi.json](openapi.json). Turn routes come in two forms: `/s/{session_id}/v1/...` (the session"
+        " in the path: the agent's base URL) and `/v1/...` (the session found by its key).",
         "",
         "| method | path | what it does | body |",
         "| --- | --- | --- | --- |",
@@ -73,8 +73,8 @@ def render(doc: dict[str, Any]) -> str:
         out += [f"## {name}", "", _cell(schema.get("description", "")), ""]
         out += ["| field | type | required | meaning |", "| --- | --- | --- | --- |"]
         for field, prop in schema.get("properties", {}).items():
-            meaning = _cell(prop.get("description", ""))
-            out.append(f"| `{field}` | {_cell(_type(prop))} | {'yes' if field in required else ''} | {meaning} |")
+            meaning, needed = _cell(prop.get("description", "")), "yes" if field in required else ""
+            out.append(f"| `{field}` | {_cell(_type(prop))} | {needed} | {meaning} |")
         out.append("")
     return "\n".join(out)
 

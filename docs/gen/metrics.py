@@ -29,8 +29,9 @@ def render() -> str:
     out = [
         "# Prometheus metrics",
         "",
-        "`GET /metrics` (Prometheus text format; it needs the admin key when one is set). Generated at build time"
-        " from the gateway's registry (`gateway/metrics.py`). Histograms add `_bucket`, `_sum` and `_count`."
+        "`GET /metrics` (Prometheus text format; it needs the admin key when one is set). Generated at"
+        " build time from the gateway's registry (`gateway/metrics.py`). Histograms add `_bucket`, `_sum`"
+        " and `_count`."
         " The process also exports Prometheus' standard `process_*`, `python_info` and `python_gc_*` series.",
         "",
         "| metric | type | labels | meaning |",

@@ -46,9 +46,10 @@ def render() -> str:
     out = [
         "# Sample contract",
         "",
-        "What leaves the gateway for a trainer: one sample per ledger segment, validated at `finish`. Generated at"
-        " build time from `gateway/sample.py` and `gateway/ledger/ledger.py`; `Sample.to_dict` gives these"
-        " names (slime's where one exists) on `/v1/trajectories`, `rlgw trajectories export` and the client.",
+        "What leaves the gateway for a trainer: one sample per ledger segment, validated at `finish`."
+        " Generated at build time from `gateway/sample.py` and `gateway/ledger/ledger.py`; `Sample.to_dict`"
+        " gives these names (slime's where one exists) on `/v1/trajectories`, `rlgw trajectories export`"
+        " and the client.",
         "",
         "## Sample",
         "",
@@ -68,12 +69,12 @@ def render() -> str:
         "",
         "## Reject reasons",
         "",
-        _doc(RejectReason) + " A rejected segment is not stored; `rlgw_sample_rejects_total{reason}` counts it.",
+        _doc(RejectReason) + " A rejected segment is not stored; `rlgw_sample_rejects_total` counts it.",
         "",
         *_values(RejectReason),
         "## Segment causes",
         "",
-        _doc(Cause) + " The sample's `metadata.segment_cause` and the finish summary's `segment_causes` name it.",
+        _doc(Cause) + " Samples' `metadata.segment_cause` and the finish summary's `segment_causes` hold it.",
         "",
         *_values(Cause),
         "## History policies",

@@ -146,6 +146,8 @@ def _rlgw_commands(line: str) -> Iterator[list[str]]:
 
 
 def _parse_error(args: list[str]) -> str | None:
+    if "..." in args:  # arguments left out on purpose: check what it names
+        return _mention_error([a for a in args if a != "..."])
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.suppress(SystemExit):
         build_parser().parse_args(args)
@@ -178,8 +180,17 @@ def _mention_error(words: list[str]) -> str | None:
 
 
 def test_every_rlgw_command_line_in_the_docs_parses() -> None:
-    """Shell blocks must parse whole; inline mentions must name real subcommands and options."""
+    """Shell blocks must parse whole; inline mentions must name real subcommands and options. The examples in
+    the CLI's own epilogs (the CLI reference shows them) must parse too."""
     bad, seen = [], 0
+    for parser in _all_parsers(build_parser()):
+        for line in (parser.epilog or "").replace("\\\n", " ").splitlines():
+            if not re.match(r"([A-Z_][A-Z0-9_]*=\S*\s+)*rlgw\s", line.strip()):
+                continue  # the epilog's prose
+            for args in _rlgw_commands(line.strip()):
+                seen += 1
+                if error := _parse_error(args):
+                    bad.append(f"{parser.prog} --help: rlgw {shlex.join(args)}: {error}")
     for doc in _documents():
         text = doc.read_text()
         for line in _shell_lines(text):

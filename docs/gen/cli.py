@@ -44,6 +44,8 @@ def _section(parser: argparse.ArgumentParser, path: list[str], out: list[str]) -
         out += ["| option | default | meaning |", "| --- | --- | --- |"]
         out += [f"| {_flags(a)} | {_cell(_default(a))} | {_cell(a.help or '')} |" for a in rows]
         out.append("")
+    if parser.epilog:
+        out += ["```text", parser.epilog.strip(), "```", ""]
     for sub in subs:
         helps = {c.dest: c.help for c in sub._choices_actions}
         for name, child in sub.choices.items():

@@ -79,9 +79,10 @@ def _generated_pages() -> set[str]:
 
 
 def _link_exists(doc: Path, target: str) -> bool:
-    path = (doc.parent / target).resolve()
-    docs = (REPO / "docs").resolve()
-    return path.exists() or (path.is_relative_to(docs) and str(path.relative_to(docs)) in _generated_pages())
+    """A file of the repository, or (from a docs page: the site has it) a page docs/gen/ writes."""
+    path, docs = (doc.parent / target).resolve(), (REPO / "docs").resolve()
+    on_site = doc.resolve().is_relative_to(docs) and path.is_relative_to(docs)
+    return path.exists() or (on_site and str(path.relative_to(docs)) in _generated_pages())
 
 
 def test_every_repository_path_in_the_docs_exists() -> None:

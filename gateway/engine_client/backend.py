@@ -336,13 +336,15 @@ class SGLangBackend:
 
     async def model_info(self) -> dict[str, Any]:
         """The engine's `/model_info` (falling back to the 0.5.5 `/get_model_info`), plus `engine`:
-        its logprob semantics from `/server_info` (`engine_semantics.sglang_semantics`), also kept
-        as `semantics` for the samples."""
+        its logprob semantics from `/server_info` (`engine_semantics.sglang_semantics`), read on the
+        first call (start-up) and kept as `semantics` for the samples, so a later call (readiness)
+        neither repeats it nor lets a blip change what the samples say."""
         for path in ("/model_info", "/get_model_info"):
             status, info = await self._get(path)
             if status == 200:
-                _, server = await self._get("/server_info")
-                self.semantics = sglang_semantics(server if isinstance(server, dict) else None)
+                if self.semantics is None:
+                    _, server = await self._get("/server_info")
+                    self.semantics = sglang_semantics(server if isinstance(server, dict) else None)
                 return {**info, "engine": self.semantics.to_metadata()}
         raise StartupError(f"engine at {self.base_url} serves neither /model_info nor /get_model_info")
 

@@ -80,6 +80,7 @@ def test_trainer_logprobs_equal_the_engines(
     # the gateway recorded the temperature of every turn, and the engine's semantics
     assert {sample_temperature(t.sample) for t in items} == {temperature}
     assert {t.sample.metadata["engine"]["vocabulary"] for t in items} == {"padded"}
+    assert len({t.sample.rollout_id for t in items}) == 8  # this engine samples no padded id: none rejected
     trainer = _megatron_trainer(model) if backend == "megatron" else TorchTrainer(model, LossConfig(), OPTIM)
     metrics = step_metrics(trainer, items)
     assert metrics["logprob_gap_max"] <= 1e-3, metrics

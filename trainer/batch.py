@@ -83,10 +83,10 @@ def assign_advantages(rollouts: list[Rollout], *, std_normalize: bool = True, ep
         r.advantage = float(a)
 
 
-def sample_temperature(sample: Sample) -> float:
+def sample_temperature(sample: Sample, greedy_below: float = GREEDY_EPS) -> float:
     """The temperature the engine's logprobs of `sample` were taken at (its turns' `turn_temperature`).
 
-    A greedy turn (temperature below the engine's 1e-6) has unscaled logprobs: temperature 1. A
+    A greedy turn (temperature below the engine's `greedy_below`) has unscaled logprobs: temperature 1. A
     segment whose turns ran at different temperatures is refused: a row is scaled by one
     temperature, and the sample does not say which tokens each turn generated.
     """
@@ -96,7 +96,7 @@ def sample_temperature(sample: Sample) -> float:
             f"sample of rollout {sample.rollout_id!r} has no turn_temperature in its metadata, so the "
             "temperature its logprobs were taken at is unknown (was it recorded by an older gateway?)"
         )
-    temps = sorted({1.0 if t["temperature"] < GREEDY_EPS else float(t["temperature"]) for t in turns})
+    temps = sorted({1.0 if t["temperature"] < greedy_below else float(t["temperature"]) for t in turns})
     if len(temps) > 1:
         raise TemperatureError(
             f"sample of rollout {sample.rollout_id!r} mixes temperatures {temps} in one segment: its "
@@ -130,7 +130,7 @@ def sample_semantics(sample: Sample) -> EngineSemantics:
 def row_temperature(sample: Sample, sem: EngineSemantics) -> float:
     """What the objective divides `sample`'s logits by: its sampling temperature where the engine
     scaled its logprobs, 1 where they are the raw model's."""
-    return 1.0 if sem.logprobs == RAW else sample_temperature(sample)
+    return 1.0 if sem.logprobs == RAW else sample_temperature(sample, sem.greedy_below)
 
 
 def step_vocabulary(samples: list[Sample]) -> str:

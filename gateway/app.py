@@ -28,6 +28,7 @@ from starlette.types import ASGIApp
 
 from rlgw.gateway.engine_client.backend import SGLangBackend
 from rlgw.gateway.engine_client.vllm_backend import make_backend
+from rlgw.gateway.engine_semantics import EngineSemantics
 from rlgw.gateway.errors import StartupError, UpstreamError
 from rlgw.gateway.http.body_limits import RequestCaps
 from rlgw.gateway.http.errors import install_error_handlers, json_response
@@ -151,6 +152,7 @@ async def load_model(backend: SGLangBackend, config: GatewayConfig) -> tuple[Mod
     """Start-up, step 2: what the engine serves, its tokenizer and template, and the template probe
     (a template that cannot be rendered incrementally stops start-up unless allowed)."""
     info = await _engine_info(backend, config.engine_wait)
+    _warn_if_seeds_ignored(backend.semantics)
     profile = await asyncio.to_thread(
         functools.partial(
             build_profile,
@@ -172,6 +174,13 @@ async def load_model(backend: SGLangBackend, config: GatewayConfig) -> tuple[Mod
             "--allow-template-mismatch"
         )
     return profile, report
+
+
+def _warn_if_seeds_ignored(semantics: EngineSemantics | None) -> None:
+    """Tell the user at start-up when the engine will not honour seeds (the samples say so too)."""
+    reason = semantics.not_repeatable_reason() if semantics is not None else None
+    if reason:
+        log.warning("the engine ignores sampling seeds", extra={"fields": {"reason": reason}})
 
 
 def freeze_heap() -> None:

@@ -42,6 +42,7 @@ from rlgw.gateway.sessions.table import SessionTable
 from rlgw.gateway.surfaces.anthropic import api as anthropic_api
 from rlgw.gateway.surfaces.chat_completions import api as chat_completions
 from rlgw.gateway.surfaces.completions import api as completions
+from rlgw.gateway.surfaces.gemini import api as gemini_api
 from rlgw.gateway.surfaces.responses import api as responses_api
 from rlgw.gateway.tenancy import admin_api
 from rlgw.gateway.tenancy.limits import Limits, LimitTable
@@ -289,6 +290,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         ops_api,
         anthropic_api,
         responses_api,
+        gemini_api,
         viewer,
     ):
         app.include_router(module.router)

@@ -25,6 +25,7 @@ from rlgw.gateway.http.body_limits import RequestCaps
 from rlgw.gateway.surfaces.anthropic import translate as anthropic_translate
 from rlgw.gateway.surfaces.chat_completions import api as openai_api
 from rlgw.gateway.surfaces.completions import api as completions
+from rlgw.gateway.surfaces.gemini import translate as gemini_translate
 from rlgw.gateway.surfaces.responses import translate as responses_translate
 from tests.support.procs import serve_in_thread
 
@@ -157,7 +158,20 @@ BODIES: dict[str, type[BaseModel]] = {
     "/messages": anthropic_translate.MessagesRequest,
     "/messages/count_tokens": anthropic_translate.MessagesInput,
     "/responses": responses_translate.ResponsesRequest,
+    "/models/{model}:generateContent": gemini_translate.GenerateContentRequest,
+    "/models/{model}:streamGenerateContent": gemini_translate.GenerateContentRequest,
 }
+VERSIONS = ("v1", "v1beta")  # the API versions the surfaces are served under
+KEY_ROUTES = {f"/{version}{suffix}" for version in VERSIONS for suffix in BODIES}
+
+
+def _body_model(path: str) -> type[BaseModel] | None:
+    """The request model of a surface's route, by session path or by key (None: not a surface's)."""
+    for suffix, model in BODIES.items():
+        head = path.removesuffix(suffix)
+        if head != path and head.rsplit("/", 1)[-1] in VERSIONS:
+            return model
+    return None
 
 
 def _document(gw: str) -> dict[str, Any]:
@@ -167,7 +181,7 @@ def _document(gw: str) -> dict[str, Any]:
     )
     doc.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
     for path, ops in doc["paths"].items():
-        model = next((m for suffix, m in BODIES.items() if path.endswith("/v1" + suffix)), None)
+        model = _body_model(path)
         if model is not None:
             ref = {"$ref": f"#/components/schemas/{model.__name__}"}
             ops["post"]["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
@@ -177,7 +191,7 @@ def _document(gw: str) -> dict[str, Any]:
 def _credentials(path: str, s: dict[str, Any]) -> dict[str, str]:
     if path.startswith("/admin") or path == "/metrics":
         return _bearer(ADMIN_KEY)
-    if path.startswith("/v1/") and any(path == "/v1" + suffix for suffix in BODIES):
+    if path in KEY_ROUTES:
         return _bearer(s["api_key"])  # routes that find the session by its key
     return _bearer(TENANT_KEY)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -247,3 +248,20 @@ def test_a_prompt_over_the_context_is_worded_as_gemini_words_it() -> None:
 )
 def test_route_keys_name_gemini_paths_whatever_the_model(path: str, key: str) -> None:
     assert route_key(path) == key
+
+
+GEMINI_CLI = Path(__file__).parents[1] / "fixtures" / "gemini_cli" / "second_request.json"
+
+
+def test_gemini_clis_request_is_one_tool_loop_in_chat_messages() -> None:
+    """Gemini CLI 0.61.0's second request as it reached `rlgw serve` (tiny-agent, 2026-12-05): its
+    functionCall echoed with the minted id and a thought signature, its functionResponse answering it."""
+    p = params(json.loads(GEMINI_CLI.read_text()), stream=True)
+    assert [m["role"] for m in p.messages] == ["system", "user", "assistant", "tool"]
+    call, result = p.messages[2]["tool_calls"][0], p.messages[3]
+    assert call["id"].startswith("call_") and result["tool_call_id"] == call["id"]
+    assert call["function"] == {"name": "run_shell_command", "arguments": '{"cmd": "echo hello > hello.txt"}'}
+    assert result["content"] == '{"error": "params must have required property \'command\'"}'
+    assert p.messages[1]["content"].endswith("</session_context>\nList the files in this directory.")
+    assert len(p.tools) == 15 and {t["function"]["parameters"]["type"] for t in p.tools} == {"object"}
+    assert p.sampling == {"temperature": 1, "top_p": 0.95, "top_k": 64} and p.template_kwargs == {}

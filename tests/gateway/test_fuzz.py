@@ -160,6 +160,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "/responses": responses_translate.ResponsesRequest,
     "/models/{model}:generateContent": gemini_translate.GenerateContentRequest,
     "/models/{model}:streamGenerateContent": gemini_translate.GenerateContentRequest,
+    "/models/{model}:countTokens": gemini_translate.GenerateContentRequest,
 }
 VERSIONS = ("v1", "v1beta")  # the API versions the surfaces are served under
 KEY_ROUTES = {f"/{version}{suffix}" for version in VERSIONS for suffix in BODIES}

@@ -222,6 +222,32 @@ def test_echo_without_call_ids_keeps_the_sampled_tokens(qwen3: Stack) -> None:
     assert {"turn": 0, "how": "calls"} in doc["metadata"]["echo_matches"]
 
 
+def test_count_tokens_is_the_rendered_prompt_length(qwen3: Stack) -> None:
+    s = open_session(qwen3, task_id="gemini-count")
+    tools = [{"functionDeclarations": [d.model_dump(mode="json", exclude_none=True) for d in DECLARATIONS]}]
+    request = {
+        "contents": [{"role": "user", "parts": [{"text": fp.WEATHER[0]["content"]}]}],
+        "tools": tools,
+        "generationConfig": {"thinkingConfig": {"thinkingBudget": 0}},
+    }
+    url = s["base_url"].removesuffix("/v1") + "/v1beta/models/tiny:countTokens"
+    r = httpx.post(url, json={"generateContentRequest": request})
+    prompt = qwen3.tokenizer.apply_chat_template(
+        fp.WEATHER, tools=fp.TOOLS, add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
+    assert r.status_code == 200 and r.json() == {"totalTokens": len(qwen3.tokenizer.encode(prompt))}
+    # The SDK sends the contents alone, to the key route.
+    plain = {"contents": request["contents"]}
+    expected = httpx.post(url, json=plain).json()["totalTokens"]
+    client = by_key(qwen3, s["api_key"])
+    assert (
+        client.models.count_tokens(model="tiny", contents=fp.WEATHER[0]["content"]).total_tokens == expected
+    )
+    bad = httpx.post(url, json={"contents": []})
+    assert bad.status_code == 400 and bad.json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert finish(qwen3, s["session_id"])["trainable_tokens"] == 0  # counting records nothing
+
+
 def gemini_error(r: httpx.Response, code: int, status: str) -> str:
     assert r.status_code == code, r.text
     error = r.json()["error"]

@@ -1,4 +1,5 @@
-"""The Gemini API surface: `models/{model}:generateContent` and `:streamGenerateContent`, per session.
+"""The Gemini API surface: `models/{model}:generateContent`, `:streamGenerateContent` and
+`:countTokens`, per session.
 
 Reachable under both API versions the clients use, `v1beta` (Gemini CLI, `@google/genai`) and
 `v1` (the `google-genai` SDK's default): `/s/{session_id}/{version}/models/{model}:...` (a base
@@ -13,7 +14,7 @@ format (`{"error": {"code", "message", "status"}}`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,9 +25,10 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from rlgw.gateway.errors import APIError, InvalidRequest
+from rlgw.gateway.http.body_limits import parse_body
 from rlgw.gateway.http.errors import json_response, validation_message
 from rlgw.gateway.serving.flow import Surface, translated
-from rlgw.gateway.serving.routing import EVENT_HEADER
+from rlgw.gateway.serving.routing import EVENT_HEADER, session_for_key, session_for_path
 from rlgw.gateway.sessions.table import Session
 from rlgw.gateway.surfaces.gemini import translate as gt
 from rlgw.gateway.surfaces.gemini.errors import error_body, gemini_error_body
@@ -110,5 +112,41 @@ class StreamGenerateContent(GenerateContent):
         return self.encode(gemini_error_body(exc))
 
 
+async def count_tokens(request: Request, find: Callable[[], Session]) -> Response:
+    """`countTokens`: the length of the prompt the request renders to (the template's count), for
+    a `{contents, ...}` body or one that wraps a `generateContentRequest`; errors in Gemini's format."""
+    try:
+        find()
+        body = await parse_body(request)
+        req = gt.GenerateContentRequest.model_validate(body.get("generateContentRequest", body))
+        params = gt.turn_params(req, stream=False)
+        renderer = request.app.state.profile.renderer
+        ids = renderer.render_prompt(params.messages, params.tools, **params.template_kwargs)
+    except Exception as exc:
+        response = await gemini_error(request, exc)
+        if response is None:
+            raise
+        return response
+    return json_response(200, {"totalTokens": len(ids)})
+
+
+def _count_tokens_routes(version: str) -> None:
+    async def by_path(request: Request, session_id: str, model: str) -> Response:
+        return await count_tokens(request, lambda: session_for_path(request, session_id))
+
+    async def by_key(request: Request, model: str) -> Response:
+        return await count_tokens(request, lambda: session_for_key(request))
+
+    path = f"/{version}/models/{{model}}:countTokens"
+    doc = "Token count of a Gemini request's prompt."
+    name = f"gemini_count_tokens_{version}"
+    router.add_api_route(
+        "/s/{session_id}" + path, by_path, methods=["POST"], name=f"{name}_by_path", description=doc
+    )
+    router.add_api_route(path, by_key, methods=["POST"], name=f"{name}_by_key", description=doc)
+
+
 GenerateContent().register(router)
 StreamGenerateContent().register(router)
+for _version in GenerateContent.versions:
+    _count_tokens_routes(_version)

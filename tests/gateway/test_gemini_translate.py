@@ -110,6 +110,19 @@ def test_responses_without_ids_answer_the_earliest_open_call_of_their_name() -> 
     assert [t["tool_call_id"] for t in p.messages[2:]] == ["call_0", "call_1"]
 
 
+def test_a_part_with_only_a_thought_signature_adds_nothing() -> None:
+    p = params(
+        {
+            "contents": [
+                user({"text": "hi"}),
+                model({"thoughtSignature": "c2ln"}, {"text": "yo"}),
+                user({"text": "x"}),
+            ]
+        }
+    )
+    assert p.messages[1] == {"role": "assistant", "content": "yo"}
+
+
 def test_snake_case_fields_and_parameters_json_schema_are_taken() -> None:
     schema = {"type": "object", "properties": {"q": {"type": "string"}}}
     p = params(

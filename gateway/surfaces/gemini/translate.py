@@ -30,8 +30,8 @@ Mapping choices (documented, not invented where the template has no slot):
   template's reasoning off, another budget or a `thinkingLevel` on (the budget is not enforced),
   and `includeThoughts` says whether thought parts are returned;
 - `safetySettings`, `cachedContent`, `labels`, thought signatures and other fields are accepted
-  and ignored; parts other than text, functionCall and functionResponse (inline data, files,
-  executable code) are a 400.
+  and ignored (a part holding only a thought signature adds nothing); parts other than text,
+  functionCall and functionResponse (inline data, files, executable code) are a 400.
 
 This module knows nothing about HTTP, sessions or the engine.
 """
@@ -117,6 +117,8 @@ class GenerateContentRequest(_Camel):
 
 
 def _part_kind(part: dict[str, Any], where: str) -> str:
+    """The part's kind: text, functionCall or functionResponse; "" for a part that carries only a
+    thought signature or metadata (nothing the template renders)."""
     for kind in ("text", "functionCall", "functionResponse"):
         if kind in part:
             return kind
@@ -127,8 +129,10 @@ def _part_kind(part: dict[str, Any], where: str) -> str:
     named = [
         k for k in part if k not in ("thought", "thoughtSignature", "thought_signature", "videoMetadata")
     ]
+    if not named:
+        return ""
     raise InvalidRequest(
-        f"{where}: only text, functionCall and functionResponse parts are supported, got {named or 'none'}",
+        f"{where}: only text, functionCall and functionResponse parts are supported, got {named}",
         param="contents",
     )
 
@@ -169,6 +173,8 @@ def _model_turn(content: Content, i: int) -> dict[str, Any]:
     for j, part in enumerate(content.parts):
         where = f"contents[{i}].parts[{j}]"
         kind = _part_kind(part, where)
+        if not kind:
+            continue
         if kind == "text":
             (thoughts if part.get("thought") else texts).append(_text(part, where))
         elif kind == "functionCall":
@@ -199,6 +205,8 @@ def _user_turn(content: Content, i: int, open_calls: list[dict[str, Any]]) -> li
     for j, part in enumerate(content.parts):
         where = f"contents[{i}].parts[{j}]"
         kind = _part_kind(part, where)
+        if not kind:
+            continue
         if kind == "text":
             texts.append(_text(part, where))
             continue
@@ -233,7 +241,10 @@ def system_text(content: Content | None) -> str:
         return ""
     texts = []
     for j, part in enumerate(content.parts):
-        if _part_kind(part, f"systemInstruction.parts[{j}]") != "text":
+        kind = _part_kind(part, f"systemInstruction.parts[{j}]")
+        if not kind:
+            continue
+        if kind != "text":
             raise InvalidRequest("systemInstruction holds only text parts", param="systemInstruction")
         texts.append(_text(part, f"systemInstruction.parts[{j}]"))
     return "\n".join(texts)

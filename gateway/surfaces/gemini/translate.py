@@ -10,8 +10,9 @@ the proto's snake_case spellings are accepted too.
 Mapping choices (documented, not invented where the template has no slot):
 - roles: `user` (and the older `function`) -> user turns, `model` -> assistant turns; a user
   content's `functionResponse` parts become tool messages at their place, its text parts are
-  joined with "\\n" into a user message; a model content's `thought: true` text parts are the
-  reasoning, its `functionCall` parts the tool calls;
+  joined with "\\n" into a user message; a model content's text parts are joined as they are (a
+  stream's pieces make its text), its `thought: true` text parts are the reasoning, its
+  `functionCall` parts the tool calls;
 - `functionCall.id`: replies carry the id the gateway minted, so an echoed call keeps its
   sampled tokens; an echo without ids is matched by its names and arguments (the ledger's
   `calls` echo rule). A `functionResponse` without an id answers the earliest call of that name
@@ -29,6 +30,9 @@ Mapping choices (documented, not invented where the template has no slot):
   `responseSchema` (else any JSON object); `thinkingConfig.thinkingBudget: 0` turns the
   template's reasoning off, another budget or a `thinkingLevel` on (the budget is not enforced),
   and `includeThoughts` says whether thought parts are returned;
+- replies: `finishReason` MAX_TOKENS at the length cap, else STOP (a function call too, as
+  Gemini's own); `usageMetadata` counts the thoughts apart (`thoughtsTokenCount`) from
+  `candidatesTokenCount`, their sum and the prompt making `totalTokenCount`;
 - `safetySettings`, `cachedContent`, `labels`, thought signatures and other fields are accepted
   and ignored (a part holding only a thought signature adds nothing); parts other than text,
   functionCall and functionResponse (inline data, files, executable code) are a 400.

@@ -46,6 +46,8 @@ from rlgw.gateway.surfaces.anthropic import api as anthropic_api
 from rlgw.gateway.surfaces.anthropic.translate import MessagesInput, MessagesRequest
 from rlgw.gateway.surfaces.chat_completions import api as chat_completions
 from rlgw.gateway.surfaces.completions import api as completions
+from rlgw.gateway.surfaces.gemini import api as gemini_api
+from rlgw.gateway.surfaces.gemini import translate as gemini_translate
 from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest
 from rlgw.gateway.surfaces.responses import api as responses_api
 from rlgw.gateway.surfaces.responses.translate import ResponsesRequest
@@ -303,6 +305,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         ops_api,
         anthropic_api,
         responses_api,
+        gemini_api,
         viewer,
     ):
         app.include_router(module.router)
@@ -335,6 +338,11 @@ TURN_BODIES: dict[str, type[BaseModel]] = {
     "/v1/messages": MessagesRequest,
     "/v1/messages/count_tokens": MessagesInput,
     "/v1/responses": ResponsesRequest,
+    **{
+        f"/{version}/models/{{model}}:{method}": gemini_translate.GenerateContentRequest
+        for version in ("v1", "v1beta")
+        for method in ("generateContent", "streamGenerateContent", "countTokens")
+    },
 }
 
 

@@ -19,7 +19,8 @@ from tests.support.sglang_env import STANDIN
 
 @pytest.fixture(scope="module")
 def standin() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sgl_kernel_standin", STANDIN / "sgl_kernel" / "__init__.py")
+    path = STANDIN / "sgl_kernel" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("sgl_kernel_standin", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -52,10 +52,10 @@ CPU_PATH_DEPS = (
 ).split()
 # Runs at every start of the venv's interpreter (SGLang's processes all import torch anyway): the two
 # schemas torchvision's meta registrations look up (`torchvision/_meta_registrations.py`).
+NMS_SCHEMA = "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
 TORCHVISION_HOOK = (
-    "import torch; "
-    "torch.library.define('torchvision::nms', '(Tensor dets, Tensor scores, float iou_threshold) -> Tensor'); "
-    "torch.library.define('torchvision::qnms', '(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')\n"
+    f"import torch; torch.library.define('torchvision::nms', '{NMS_SCHEMA}'); "
+    f"torch.library.define('torchvision::qnms', '{NMS_SCHEMA}')\n"
 )
 
 
@@ -119,7 +119,6 @@ def _run(step: list[str], venv: Path) -> None:
         raise RuntimeError(f"building {venv} failed at {step}:\n{done.stderr[-3000:]}")
 
 
-
 def server_env() -> dict[str, str]:
     """The environment SGLang's processes run with: the CPU engine, the stand-in on the path, one thread."""
     return {
@@ -150,7 +149,8 @@ def sglang_server(model: Path, *extra: str, log: Path | None = None) -> Iterator
         "--skip-server-warmup", *extra,
     ]  # fmt: skip
     out = open(log, "w") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True)
+    env = server_env()
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         try:
@@ -203,8 +203,11 @@ def sglang_stack(
             port = free_port()
             # Warnings only: rlgw_process reads the gateway's output only when it exits.
             args = ["--log-level", "warning", "serve", "--engine-url", proxy, "--port", str(port)]
-            with rlgw_process([*args, "--data-dir", str(tmp / "store"), *gateway_args], "/health", port) as gw:
-                yield Stack(gw, engine, recorder, AutoTokenizer.from_pretrained(model), sglang_forced_logprobs)
+            args += ["--data-dir", str(tmp / "store"), *gateway_args]
+            with rlgw_process(args, "/health", port) as gw:
+                tok = AutoTokenizer.from_pretrained(model)
+                yield Stack(gw, engine, recorder, tok, forced_logprobs=sglang_forced_logprobs)
+
 
 if __name__ == "__main__":
     ready = build()

@@ -12,6 +12,7 @@ directory on the SGLang server's `PYTHONPATH` (tests/support/sglang_env.py).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 
@@ -33,7 +34,8 @@ def assign_req_to_token_pool_cpu(
     `pool_len` is the table's row length (the CPU kernel's stride; torch indexing knows it).
     """
     taken = 0
-    for row, start, end in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
+    rows = req_pool_indices.tolist()
+    for row, start, end in zip(rows, start_offset.tolist(), end_offset.tolist(), strict=True):
         n = end - start
         req_to_token[row, start:end] = out_cache_loc[taken : taken + n].to(req_to_token.dtype)
         taken += n
@@ -52,13 +54,13 @@ def copy_all_layer_kv_cache_cpu(
         return
     rows = int(max(int(tgt_loc.max()), int(src_loc.max()))) + 1
     tgt, src = tgt_loc.long(), src_loc.long()
-    for base, row_bytes in zip(data_ptrs.tolist(), strides.tolist()):
+    for base, row_bytes in zip(data_ptrs.tolist(), strides.tolist(), strict=True):
         memory = (ctypes.c_uint8 * (rows * row_bytes)).from_address(base)
         table = torch.frombuffer(memory, dtype=torch.uint8).view(rows, row_bytes)
         table[tgt] = table[src]  # the right side is a gathered copy
 
 
-def _speculative_only(name: str):  # noqa: ANN202 - a factory of stand-ins that refuse
+def _speculative_only(name: str) -> Callable[..., None]:
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise NotImplementedError(
             f"sgl_kernel.{name}: rlgw's sgl-kernel stand-in has no speculative-decoding ops "

@@ -30,7 +30,6 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import httpx
 import pytest
 from transformers import AutoTokenizer
 
@@ -171,27 +170,6 @@ def sglang_server(model: Path, *extra: str, log: Path | None = None) -> Iterator
             out.close()
 
 
-def sglang_forced_logprobs(engine: str, tokens: list[int]) -> list[float | None]:
-    """Each token's logprob given the tokens before it, by teacher forcing on SGLang (the first: None).
-
-    `logprob_start_len: 0` makes SGLang return `input_token_logprobs` for the whole prompt; they are of
-    the raw logits whatever the request's temperature.
-    """
-    r = httpx.post(
-        engine + "/generate",
-        json={
-            "input_ids": tokens,
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-            "return_logprob": True,
-            "logprob_start_len": 0,
-        },
-        timeout=300,
-    )
-    r.raise_for_status()
-    rows = r.json()["meta_info"]["input_token_logprobs"]
-    return [row[0] for row in rows]
-
-
 @contextlib.contextmanager
 def sglang_stack(
     model: Path, tmp: Path, *gateway_args: str, engine_args: Sequence[str] = ()
@@ -206,7 +184,7 @@ def sglang_stack(
             args += ["--data-dir", str(tmp / "store"), *gateway_args]
             with rlgw_process(args, "/health", port) as gw:
                 tok = AutoTokenizer.from_pretrained(model)
-                yield Stack(gw, engine, recorder, tok, forced_logprobs=sglang_forced_logprobs)
+                yield Stack(gw, engine, recorder, tok)  # SGLang's teacher forcing: the default
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The gateway's fidelity scenarios with the real SGLang as the engine (`tests/gateway/test_scenarios.py`'s table).
+"""The gateway's fidelity scenarios on the real SGLang (`tests/gateway/test_scenarios.py`'s table).
 
 Each stored sample passes the three token-exactness checks (`tests/support/e2e.py`) against SGLang
 itself: mask-1 tokens are SGLang's sampled ids and logprobs for each request id, fed exactly the

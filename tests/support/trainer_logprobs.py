@@ -50,8 +50,9 @@ def padded_perturbed_model(
 
     At 0.2 the padded ids hold 0.8% of the next-token mass on average over one word-task reply at
     T=1 (4% at most), and a trainer normalizing over the tokenizer's vocabulary is off by up to 0.67
-    (T=1) and 3.4 (T=0.7) over a step; an engine that samples them (SGLang) picks one now and then
-    (its sample is rejected at finish, bad_token). At 0.5 they hold 70% and SGLang would sample
+    (T=1) and 3.4 (T=0.7) over a step on the embedded engine's replies. SGLang and vLLM sample them
+    (30-37 and 11 padded ids over the 16 word-task sessions; once one is in the context, more
+    follow), and the gateway keeps those samples. At 0.5 they hold 70% and SGLang would sample
     little else.
     """
     shutil.copytree(src, dst)

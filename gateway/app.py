@@ -266,7 +266,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         try:
             admin_api.apply_tenants(state.tenant_store, state.tenant_keys, state.limits)
             state.profile, state.probe = await load_model(state.backend, config)  # step 2
-            state.vocab_size = len(state.profile.tokenizer)
+            state.vocab_size = state.profile.vocab_size
             state.viewer = ViewerState(
                 state.store, state.tenant_keys, state.profile.tokenizer, state.profile.tool_format
             )

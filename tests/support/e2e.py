@@ -209,13 +209,20 @@ def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return runs
 
 
-def expected_increment(tok: Any, history: list[dict], new: list[dict], tools: Any, kw: dict) -> str:
-    """The template's text for `new` after the assistant turn ending `history` (full renders)."""
+def expected_increment(
+    tok: Any, history: list[dict], new: list[dict], tools: Any, kw: dict, *, closed: bool = True
+) -> str:
+    """The template's text for `new` after the assistant turn ending `history` (full renders).
+
+    `closed`: the reply's sampled ids end with the end-of-turn token `<|im_end|>`. A reply that does
+    not (cut at `max_tokens`, by a stop string or another EOS) is closed by the template's
+    `<|im_end|>` in the increment (mask 0), as a full render has it.
+    """
     t = {"tools": tools} if tools else {}
     full = tok.apply_chat_template(history + new, add_generation_prompt=True, tokenize=False, **t, **kw)
     bare = tok.apply_chat_template(history + new, add_generation_prompt=False, tokenize=False, **t, **kw)
     i = bare.rfind("<|im_start|>assistant")
-    j = bare.index("<|im_end|>", i) + len("<|im_end|>")
+    j = bare.index("<|im_end|>", i) + (len("<|im_end|>") if closed else 0)
     return full[j:]
 
 
@@ -324,10 +331,12 @@ def check_sample(st: Stack, doc: dict, run: Run, tools: Any, kw: dict) -> None:
     prompt = tok.apply_chat_template(run.requests[0], add_generation_prompt=True, tokenize=False, **t, **kw)
     assert tok.decode(tokens[:p].tolist()) == prompt
     assert tokens[:p].tolist() == tok.encode(prompt, add_special_tokens=False)
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
     for k in range(1, len(runs)):
         history = [*run.requests[k - 1], echo(run.replies[k - 1], reserialize=False, drop_reasoning=False)]
         new = run.requests[k][len(history) :]
-        text = expected_increment(tok, history, new, tools, kw)
+        closed = bool(tokens[runs[k - 1][1] - 1] == end_of_turn)
+        text = expected_increment(tok, history, new, tools, kw, closed=closed)
         span = tokens[runs[k - 1][1] : runs[k][0]].tolist()
         assert tok.decode(span) == text
         assert span == tok.encode(text, add_special_tokens=False)

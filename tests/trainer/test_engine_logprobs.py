@@ -15,30 +15,27 @@ the same helpers on their own `Stack`.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from rlgw.gateway.engine_semantics import PROCESSED, RAW, TOKENIZER, EngineSemanticsError, embedded_semantics
+from rlgw.gateway.engine_semantics import PROCESSED, RAW, EngineSemanticsError, embedded_semantics
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
 from rlgw.gateway.trajectories.client import StoredTrajectory
 from rlgw.trainer.batch import Rollout, TemperatureError, build_step, sample_temperature
-from rlgw.trainer.objective import LossConfig
-from rlgw.trainer.torch_trainer import OptimConfig, TorchTrainer
+from tests.support import trainer_logprobs
 from tests.support.e2e import stack
 from tests.support.trainer_logprobs import (
+    BACKENDS,
     TEMPERATURES,
+    assert_trainer_matches_engine,
+    make_trainer,
     padded_perturbed_model,
     record_word_task,
-    step_metrics,
 )
 
-OPTIM = OptimConfig(lr=0.0)
-HAS_MEGATRON = importlib.util.find_spec("megatron") is not None and (
-    importlib.util.find_spec("megatron.core") is not None
-)
+megatron_groups = trainer_logprobs.megatron_groups  # torn down with this module
 
 
 @pytest.fixture(scope="module")
@@ -49,47 +46,15 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[float
         return model, asyncio.run(record_word_task(st.gateway, root))
 
 
-def _megatron_trainer(model: Path):
-    from rlgw.trainer.megatron_trainer import MegatronTrainer
-
-    return MegatronTrainer(model, LossConfig(), OPTIM)
-
-
-@pytest.fixture(scope="module")
-def megatron_groups():
-    """Megatron's process groups for this module only (other tests may form their own)."""
-    yield
-    if HAS_MEGATRON:
-        import torch.distributed as dist
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
+@pytest.mark.usefixtures("megatron_groups")
 @pytest.mark.parametrize("temperature", TEMPERATURES)
-@pytest.mark.parametrize("backend", ["torch", "megatron"])
-def test_trainer_logprobs_equal_the_engines(
-    recorded, megatron_groups, backend: str, temperature: float
-) -> None:
-    if backend == "megatron" and not HAS_MEGATRON:
-        pytest.skip("megatron-core is not installed (pip install -e '.[train]')")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_trainer_logprobs_equal_the_engines(recorded, backend: str, temperature: float) -> None:
     model, by_temperature = recorded
     items = by_temperature[temperature]
-    # the gateway recorded the temperature of every turn, and the engine's semantics
-    assert {sample_temperature(t.sample) for t in items} == {temperature}
     assert {t.sample.metadata["engine"]["vocabulary"] for t in items} == {"padded"}
-    assert len({t.sample.rollout_id for t in items}) == 8  # this engine samples no padded id: none rejected
-    trainer = _megatron_trainer(model) if backend == "megatron" else TorchTrainer(model, LossConfig(), OPTIM)
-    metrics = step_metrics(trainer, items)
-    assert metrics["logprob_gap_max"] <= 1e-3, metrics
-    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-3), metrics
-    # The same step normalized over the tokenizer's vocabulary (what both trainers did before).
-    wrong = step_metrics(trainer, items, vocabulary=TOKENIZER)
-    gaps = metrics["logprob_gap_max"], wrong["logprob_gap_max"]
-    print(f"T={temperature} {backend}: gap, padded vocab {gaps[0]:.2e}, tokenizer's {gaps[1]:.2e}")
-    assert wrong["logprob_gap_max"] > 5e-3, wrong
+    assert len({t.sample.rollout_id for t in items}) == 8  # every session kept
+    assert_trainer_matches_engine(make_trainer(backend, model), items, temperature, f"embedded {backend}")
 
 
 def _sample(turns: list[dict] | None, engine: dict | None = None) -> Sample:

@@ -329,9 +329,6 @@ async def server_info(request: HttpRequest) -> Response:
             # SGLang's flag for honouring `sampling_seed`; this engine always does (one generator a request).
             "enable_deterministic_inference": True,
             "logprob_semantics": LOGPROB_SEMANTICS,
-            # SGLang's key for "a request's sampling_seed is honoured": SGLang applies seeds only when
-            # started with --enable-deterministic-inference; this engine always does.
-            "enable_deterministic_inference": True,
             "eos_token_ids": engine.eos_ids,
             "internal_states": [engine.load_stats()],
             "prefix_cache": engine.prefix.stats(),

@@ -56,8 +56,10 @@ PRODUCT = {
 }
 TESTS = {
     "RLGW_LONG": "`1` runs the `long` tier (learning curves, SmolLM2 on vLLM).",
-    "RLGW_VLLM": "`1` builds the vLLM venv the `tests/vllm/` tests need (they skip without it).",
-    "RLGW_VLLM_CACHE": "Root of that venv (default `~/.cache/rlgw/vllm`).",
+    "RLGW_VLLM_CACHE": "Root of the vLLM venv of `tests/vllm/` (default `~/.cache/rlgw/vllm`; built by"
+    " `python -m tests.support.vllm_env`).",
+    "RLGW_SGLANG_CACHE": "Root of the SGLang venv of `tests/sglang/` (default `~/.cache/rlgw/sglang`;"
+    " built by `python -m tests.support.sglang_env`).",
     "RLGW_INSTALL_AGENTS": "`1` builds the OpenHands venvs and runs `rlgw run`'s own install in a test.",
     "RLGW_INSTALL_TRAINERS": "`1` builds the verl and SkyRL venvs of `tests/integrations`.",
     "RLGW_REWARD_DIR": "Set by rlgw for a task's verifier: the folder it writes `reward.json` to (the tests'"

@@ -1,0 +1,98 @@
+"""The embedded engine reports routed experts as SGLang does: `return_routed_experts` on `/generate`,
+`meta_info["routed_experts"]` base64 of int32 [seqlen - 1 - start, layers, top_k], and the ids equal
+the top-k a plain Hugging Face forward's routers pick over the same tokens (a dense layer's rows 0).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from tests.support.procs import engine_server
+from tests.trainer.support import tiny_qwen3_moe
+
+LAYERS, TOP_K = 2, 2
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory) -> Path:
+    # Layer 1 dense: its rows must be zeros, as SGLang's capture buffer leaves them.
+    return tiny_qwen3_moe(tmp_path_factory.mktemp("moe"), mlp_only_layers=(1,))
+
+
+@pytest.fixture(scope="module")
+def moe_url(moe_model: Path) -> Iterator[str]:
+    with engine_server(moe_model) as url:
+        yield url
+
+
+def hf_routing(model_dir: Path, ids: list[int]) -> np.ndarray:
+    """[len(ids), layers, top_k]: each MoE router's top-k over `ids` in one HF forward (no cache)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    table = np.zeros((len(ids), LAYERS, TOP_K), dtype=np.int32)
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None:
+
+            def keep(_m, _in, out, i=i) -> None:
+                table[:, i] = out[2].numpy()
+
+            hooks.append(gate.register_forward_hook(keep))
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+    return table
+
+
+def decode(meta: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(meta["routed_experts"]), dtype="<i4").reshape(-1, LAYERS, TOP_K)
+
+
+def generate(url: str, body: dict) -> list[dict] | dict:
+    r = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_routing_equals_hf_routers_topk(moe_url: str, moe_model: Path) -> None:
+    # Two prompts of different lengths in one call: the decode batch is left-padded.
+    prompts = [[11, 12, 13, 14, 15, 16, 17], [21, 22, 23]]
+    params = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    outs = generate(moe_url, {"input_ids": prompts, "sampling_params": params, "return_routed_experts": True})
+    for prompt, out in zip(prompts, outs, strict=True):
+        seq = prompt + out["output_ids"]
+        got = decode(out["meta_info"])
+        assert got.shape == (len(seq) - 1, LAYERS, TOP_K)
+        assert np.array_equal(got, hf_routing(moe_model, seq[:-1]))
+        assert not got[:, 1].any() and got[:, 0].any()
+
+
+def test_start_len_returns_the_tail_and_prefix_cache_keeps_it_exact(moe_url: str, moe_model: Path) -> None:
+    prompt = [31, 32, 33, 34, 35, 36, 37, 38, 39]
+    params = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    first = generate(moe_url, {"input_ids": prompt, "sampling_params": params, "return_routed_experts": True})
+    # The same prompt again: its prefix is cached, but positions from the start must be computed.
+    body = {"input_ids": prompt, "sampling_params": params, "return_routed_experts": True}
+    again = generate(moe_url, {**body, "routed_experts_start_len": 5})
+    assert again["output_ids"] == first["output_ids"]
+    assert np.array_equal(decode(again["meta_info"]), decode(first["meta_info"])[5:])
+
+
+def test_bad_start_len_is_refused(moe_url: str) -> None:
+    body = {"input_ids": [1, 2, 3], "return_routed_experts": True, "routed_experts_start_len": 4}
+    r = httpx.post(f"{moe_url}/generate", json=body, timeout=30)
+    assert r.status_code == 400
+    assert "routed_experts_start_len" in r.text
+
+
+def test_not_asked_not_returned(moe_url: str) -> None:
+    out = generate(moe_url, {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}})
+    assert "routed_experts" not in out["meta_info"]

@@ -39,6 +39,7 @@ class RejectReason(enum.StrEnum):
     CAPTURE_INVALID = "capture_invalid"  # the ledger was invalidated (passthrough policy)
     VERSION_SPANS = "version_spans"  # weight-version spans do not tile the response
     BAD_REWARD = "bad_reward"  # NaN or infinite reward
+    BAD_ROUTING = "bad_routing"  # routed experts of the wrong shape, layer count, top-k or expert id
 
 
 @dataclass(slots=True)
@@ -74,6 +75,10 @@ class Sample:
     teacher_log_probs: np.ndarray | None = None
     teacher_topk_indices: np.ndarray | None = None
     teacher_topk_logprobs: np.ndarray | None = None
+    # MoE routing replay (slime's name): the experts each token was routed to in each layer by the
+    # engine, [len(tokens) - 1, layers, top_k] (the last token is never fed forward); uint8, or
+    # int16 past 256 experts (`compact_routing`). None: a dense model, or an engine that sent none.
+    rollout_routed_experts: np.ndarray | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -102,7 +107,12 @@ class Sample:
             ],
             "metadata": self.metadata,
         }
-        for name in ("teacher_log_probs", "teacher_topk_indices", "teacher_topk_logprobs"):
+        for name in (
+            "teacher_log_probs",
+            "teacher_topk_indices",
+            "teacher_topk_logprobs",
+            "rollout_routed_experts",
+        ):
             value = getattr(self, name)
             if value is not None:
                 doc[name] = arr(value)
@@ -129,7 +139,26 @@ class Sample:
             teacher_log_probs=opt("teacher_log_probs", np.float32),
             teacher_topk_indices=opt("teacher_topk_indices", np.int32),
             teacher_topk_logprobs=opt("teacher_topk_logprobs", np.float32),
+            rollout_routed_experts=None
+            if doc.get("rollout_routed_experts") is None
+            else compact_routing(np.asarray(doc["rollout_routed_experts"])),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingShape:
+    """A MoE model's routing: `layers` rows of `top_k` expert ids in [0, `experts`) per token."""
+
+    layers: int
+    top_k: int
+    experts: int
+
+
+def compact_routing(ids: np.ndarray) -> np.ndarray:
+    """Expert ids in the narrowest type that holds them: uint8 up to 256 experts, else int16."""
+    fits = ids.size == 0 or (int(ids.min()) >= 0 and int(ids.max()) < 256)
+    dtype = np.uint8 if fits else np.int16
+    return np.ascontiguousarray(ids, dtype=dtype)
 
 
 class SampleRejected(ValueError):
@@ -141,8 +170,13 @@ class SampleRejected(ValueError):
         self.detail = detail
 
 
-def validate_sample(sample: Sample, vocab_size: int | None = None) -> None:
-    """Check `sample` against the hand-off contract; raise `SampleRejected` on the first problem."""
+def validate_sample(
+    sample: Sample, vocab_size: int | None = None, routing: RoutingShape | None = None
+) -> None:
+    """Check `sample` against the hand-off contract; raise `SampleRejected` on the first problem.
+
+    `routing`: the served model's, when it is a mixture of experts (its routed experts must fit).
+    """
     n = sample.response_length
     if n <= 0 or len(sample.tokens) < n or len(sample.tokens) == n:
         raise SampleRejected(RejectReason.EMPTY, f"response_length={n}, tokens={len(sample.tokens)}")
@@ -174,3 +208,16 @@ def validate_sample(sample: Sample, vocab_size: int | None = None) -> None:
         raise SampleRejected(RejectReason.VERSION_SPANS, f"spans cover {pos} of {n} response tokens")
     if sample.reward is not None and not math.isfinite(sample.reward):
         raise SampleRejected(RejectReason.BAD_REWARD, f"reward is {sample.reward}")
+    if sample.rollout_routed_experts is not None:
+        _validate_routing(sample.rollout_routed_experts, len(toks), routing)
+
+
+def _validate_routing(routed: np.ndarray, tokens: int, routing: RoutingShape | None) -> None:
+    want = (tokens - 1, *((routing.layers, routing.top_k) if routing else routed.shape[1:]))
+    if routed.ndim != 3 or routed.shape != want:
+        raise SampleRejected(
+            RejectReason.BAD_ROUTING, f"rollout_routed_experts has shape {routed.shape}, not {want}"
+        )
+    top = routing.experts if routing else None
+    if routed.size and (int(routed.min()) < 0 or (top is not None and int(routed.max()) >= top)):
+        raise SampleRejected(RejectReason.BAD_ROUTING, f"an expert id is outside [0, {top})")

@@ -10,8 +10,11 @@ module knows the ledger's `TurnCommit`; it knows nothing about sessions, request
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from rlgw.gateway.ledger.ledger import TurnCommit
 
@@ -76,6 +79,7 @@ class TurnRecord:
                 "tools": c.tools,
                 "calls": c.calls,
                 "history": c.history,
+                "routed_experts": _routing_row(c.routed_experts),
             },
         )
         return row
@@ -93,6 +97,7 @@ class TurnRecord:
                     "calls": tuple(tuple(c) for c in spec["calls"]),
                     "version_spans": [tuple(v) for v in spec["version_spans"]],
                     "history": tuple(spec["history"]) if spec.get("history") else None,
+                    "routed_experts": _routing_array(spec.get("routed_experts")),
                 }
             )
         segment = row.get("segment")
@@ -111,3 +116,18 @@ class TurnRecord:
             notes=row.get("notes") or {},
             temperature=row.get("temperature"),
         )
+
+
+def _routing_row(rows: np.ndarray | None) -> dict[str, Any] | None:
+    """Routed experts in the journal: base64 of their bytes (uint8: one byte per id, not a JSON list)."""
+    if rows is None:
+        return None
+    data = base64.b64encode(np.ascontiguousarray(rows).tobytes()).decode("ascii")
+    return {"dtype": rows.dtype.str, "shape": list(rows.shape), "data": data}
+
+
+def _routing_array(row: dict[str, Any] | None) -> np.ndarray | None:
+    if row is None:
+        return None
+    flat = np.frombuffer(base64.b64decode(row["data"]), dtype=np.dtype(row["dtype"]))
+    return flat.reshape(row["shape"])

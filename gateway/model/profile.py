@@ -16,6 +16,7 @@ from rlgw.gateway.model.fast_tokenizer import select_encoder
 from rlgw.gateway.model.render import ChatRenderer, TemplateConfig, read_chat_template
 from rlgw.gateway.parsing.reasoning import THINK_END, detect_reasoning
 from rlgw.gateway.parsing.tool_calls import detect_tool_format, normalize_tool_format
+from rlgw.gateway.sample import RoutingShape
 
 
 @dataclass
@@ -37,6 +38,9 @@ class ModelProfile:
     # as Codex send no `max_output_tokens`, and a turn must not generate to the end of the context.
     # None: the rest of the context.
     default_max_tokens: int | None = None
+    # A mixture of experts (from the checkpoint's config.json): every recorded turn asks the engine
+    # for its routed experts. None: a dense model, or no config.json beside the tokenizer.
+    routing: RoutingShape | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -56,6 +60,26 @@ def _context_length(configured: int | None, info: dict[str, Any], tokenizer_dir:
         if isinstance(value, int) and value > 0:
             return value
     raise StartupError("cannot tell the model's context length: pass --context-length")
+
+
+def routing_shape(model_dir: Path) -> RoutingShape | None:
+    """The routing of the MoE checkpoint in `model_dir` (its config.json), or None for a dense one.
+
+    Qwen3-MoE and Mixtral name their experts `num_experts` / `num_local_experts`, DeepSeek
+    `n_routed_experts`; all count `num_experts_per_tok` and route in `num_hidden_layers` rows (a
+    dense layer's row is zeros, as SGLang returns it).
+    """
+    cfg_file = model_dir / "config.json"
+    if not cfg_file.is_file():
+        return None
+    cfg = json.loads(cfg_file.read_text())
+    cfg = cfg.get("text_config", cfg)
+    names = ("num_experts", "n_routed_experts", "num_local_experts")
+    experts = next((cfg[k] for k in names if cfg.get(k)), 0)
+    top_k = cfg.get("num_experts_per_tok") or 0
+    if not experts or not top_k:
+        return None
+    return RoutingShape(layers=int(cfg["num_hidden_layers"]), top_k=int(top_k), experts=int(experts))
 
 
 def _single_token(tok: Any, text: str) -> int | None:
@@ -103,4 +127,5 @@ def build_profile(
         think_start_ids=think,
         think_end_id=_single_token(tok, THINK_END) if reasoning else None,
         tool_parser_explicit=tool_parser != "auto",
+        routing=routing_shape(Path(str(tok_path))),
     )

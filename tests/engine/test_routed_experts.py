@@ -5,15 +5,14 @@ the top-k a plain Hugging Face forward's routers pick over the same tokens (a de
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import torch
 
+from tests.support.moe_routing import decode_routed_experts, hf_routing
 from tests.support.procs import engine_server
 from tests.trainer.support import tiny_qwen3_moe
 
@@ -32,28 +31,8 @@ def moe_url(moe_model: Path) -> Iterator[str]:
         yield url
 
 
-def hf_routing(model_dir: Path, ids: list[int]) -> np.ndarray:
-    """[len(ids), layers, top_k]: each MoE router's top-k over `ids` in one HF forward (no cache)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    table = np.zeros((len(ids), LAYERS, TOP_K), dtype=np.int32)
-    hooks = []
-    for i, layer in enumerate(model.model.layers):
-        gate = getattr(layer.mlp, "gate", None)
-        if gate is not None:
-
-            def keep(_m, _in, out, i=i) -> None:
-                table[:, i] = out[2].numpy()
-
-            hooks.append(gate.register_forward_hook(keep))
-    with torch.no_grad():
-        model(torch.tensor([ids]))
-    return table
-
-
 def decode(meta: dict) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(meta["routed_experts"]), dtype="<i4").reshape(-1, LAYERS, TOP_K)
+    return decode_routed_experts(meta["routed_experts"], LAYERS, TOP_K)
 
 
 def generate(url: str, body: dict) -> list[dict] | dict:

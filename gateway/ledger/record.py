@@ -79,9 +79,10 @@ class TurnRecord:
                 "tools": c.tools,
                 "calls": c.calls,
                 "history": c.history,
-                "routed_experts": _routing_row(c.routed_experts),
             },
         )
+        if c.routed_experts is not None:  # a MoE turn's; a dense model's rows stay as they were
+            row["commit"]["routed_experts"] = _routing_row(c.routed_experts)
         return row
 
     @classmethod
@@ -118,10 +119,8 @@ class TurnRecord:
         )
 
 
-def _routing_row(rows: np.ndarray | None) -> dict[str, Any] | None:
+def _routing_row(rows: np.ndarray) -> dict[str, Any]:
     """Routed experts in the journal: base64 of their bytes (uint8: one byte per id, not a JSON list)."""
-    if rows is None:
-        return None
     data = base64.b64encode(np.ascontiguousarray(rows).tobytes()).decode("ascii")
     return {"dtype": rows.dtype.str, "shape": list(rows.shape), "data": data}
 

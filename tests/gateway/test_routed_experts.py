@@ -40,9 +40,8 @@ def engine(moe_model: Path) -> Iterator[str]:
 def gateway(engine: str, data: Path, port: int) -> Iterator[str]:
     args = ["serve", "--engine-url", engine, "--port", str(port), "--data-dir", str(data)]
     with open(data / f"gateway-{port}.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rlgw.bin.main", *args], stdout=log, stderr=subprocess.STDOUT, env=os.environ
-        )
+        cmd = [sys.executable, "-m", "rlgw.bin.main", *args]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
         try:
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url + "/health", proc)

@@ -21,6 +21,7 @@ from rlgw.engine.sampling import GREEDY_EPS
 from rlgw.gateway.sample import Sample
 from rlgw.trainer.losses import grpo_advantages
 from rlgw.trainer.rollout import Rollout
+from rlgw.trainer.routing_replay import routing_table
 
 
 class TemperatureError(ValueError):
@@ -39,6 +40,8 @@ class MicroBatch:
     rollout_index: Tensor  # int64 [rows]: the row's rollout in the step
     temperature: Tensor  # float32 [rows]: what the engine divided the row's logits by
     teacher_log_probs: Tensor | None = None  # float32, when every row has them
+    # int32 [rows, tokens, layers, top_k]: the engine's routed experts (-1: none), when a row has them
+    routed_experts: Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -120,6 +123,7 @@ def pack_rows(rows: list[tuple[Sample, float, int]], pad_id: int = 0) -> MicroBa
         rollout_index=torch.tensor([k for _, _, k in rows], dtype=torch.int64),
         temperature=torch.tensor([sample_temperature(s) for s, _, _ in rows], dtype=torch.float32),
         teacher_log_probs=None if teacher is None else torch.from_numpy(teacher),
+        routed_experts=routing_table([s for s, _, _ in rows], width),
     )
 
 

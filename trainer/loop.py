@@ -56,7 +56,12 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     from rlgw.trainer.torch_trainer import TorchTrainer
 
     return TorchTrainer(
-        Path(cfg.model), cfg.loss_config(), cfg.optim_config(), device=cfg.device, seed=cfg.seed
+        Path(cfg.model),
+        cfg.loss_config(),
+        cfg.optim_config(),
+        device=cfg.device,
+        seed=cfg.seed,
+        routing_replay=cfg.moe.routing_replay,
     )
 
 

@@ -66,3 +66,38 @@ def tiny_qwen3_moe(out: Path, *, seed: int = 0, mlp_only_layers: tuple[int, ...]
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(FIXTURES / "tiny-qwen3" / name, out / name)
     return out
+
+
+def near_tie_qwen3_moe(out: Path, *, seed: int = 0, tie: float = 1e-7, layers: int = 2) -> Path:
+    """A random-init Qwen3-MoE whose routers' choices hang on ties: 8 experts in 4 pairs, top-3, and
+    the two router rows of a pair `tie` apart (relative). A token's third slot goes to one of a pair
+    whose logits differ by about `tie`, so the rounding differences between the engine's cached,
+    one-token-at-a-time forward and the trainer's whole-sequence one decide which expert it takes,
+    and the pair's experts (independent weights) give different outputs. Built deterministically."""
+    import shutil
+
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from tests.support.procs import FIXTURES
+
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(
+        vocab_size=4096, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=8, num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=True,
+        max_position_embeddings=8192, rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
+        bos_token_id=4000, eos_token_id=4002, pad_token_id=4000,
+    )  # fmt: skip
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            w = layer.mlp.gate.weight
+            w.normal_(0, 1.0)
+            w[1::2] = w[0::2] * (1 + tie * torch.randn_like(w[0::2]))
+            # The experts' outputs dominate the residual stream: a different expert moves the logits.
+            layer.mlp.experts.down_proj.mul_(8)
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIXTURES / "tiny-qwen3" / name, out / name)
+    return out

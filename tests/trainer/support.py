@@ -103,7 +103,7 @@ def near_tie_qwen3_moe(out: Path, *, seed: int = 0, tie: float = 1e-7, layers: i
     return out
 
 
-def upcycled_tiny_moe(out: Path, *, seed: int = 0, tie: float = 1e-7, spread: float = 0.1) -> Path:
+def upcycled_tiny_moe(out: Path, *, seed: int = 0, tie: float = 1e-7, spread: float = 0.3) -> Path:
     """tiny-qwen3 upcycled into a Qwen3-MoE with near-tie routers: each layer's MLP copied into 8
     experts, each copy's weights scaled by (1 + `spread` * noise), and the routers of
     `near_tie_qwen3_moe` (4 pairs `tie` apart, top-3). It answers as tiny-qwen3 does (so the word
@@ -133,10 +133,10 @@ def upcycled_tiny_moe(out: Path, *, seed: int = 0, tie: float = 1e-7, spread: fl
     with torch.no_grad():
         for layer, src in zip(moe.model.layers, dense.model.layers, strict=True):
             mlp, experts = src.mlp, layer.mlp.experts
-            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            gate_up, down = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight
             for e in range(config.num_experts):
                 experts.gate_up_proj[e] = gate_up * (1 + spread * torch.randn_like(gate_up))
-                experts.down_proj[e] = mlp.down_proj.weight * (1 + spread * torch.randn_like(mlp.down_proj.weight))
+                experts.down_proj[e] = down * (1 + spread * torch.randn_like(down))
             w = layer.mlp.gate.weight
             w.normal_(0, 1.0)
             w[1::2] = w[0::2] * (1 + tie * torch.randn_like(w[0::2]))

@@ -1,6 +1,7 @@
 """Routing replay (R3) on a MoE with small router margins, and what recording routing costs.
 
-Part 1: `near_tie_qwen3_moe` (tests/trainer/support.py) at three tie widths: the embedded engine
+Part 1: `near_tie_qwen3_moe` (tests/trainer/support.py) at three tie widths, and the learning run's
+`upcycled_tiny_moe` (tests/trainer/test_moe_learning_run.py): the embedded engine
 samples rollouts (temperature 1, their routed experts recorded), and the PyTorch trainer computes
 the same tokens' logprobs with and without `routing_replay`. Printed per tie: the largest and mean
 |trainer - engine| logprob over the generated tokens, and the share of generated tokens whose
@@ -30,7 +31,7 @@ from rlgw.trainer.objective import LossConfig
 from rlgw.trainer.settings import OptimConfig
 from rlgw.trainer.torch_trainer import TorchTrainer
 from tests.support.moe_replay import engine_samples, trainer_gap
-from tests.trainer.support import near_tie_qwen3_moe
+from tests.trainer.support import near_tie_qwen3_moe, upcycled_tiny_moe
 
 TIES = (1e-5, 1e-6, 1e-7)
 
@@ -38,14 +39,15 @@ TIES = (1e-5, 1e-6, 1e-7)
 def replay_table(tmp: Path) -> None:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, 4000, 16).tolist() for _ in range(8)]
-    print("routing replay on near_tie_qwen3_moe (8 prompts x 32 sampled tokens, fp32 engine and trainer)")
-    print(f"{'tie':>7} {'replay':>6} {'max gap':>10} {'mean gap':>10} {'mismatch':>10}")
-    for tie in TIES:
-        model = near_tie_qwen3_moe(tmp / f"tie-{tie}", tie=tie)
+    print("routing replay, PyTorch trainer vs embedded engine (8 prompts x 32 sampled tokens, both fp32)")
+    print(f"{'model, tie':>15} {'replay':>6} {'max gap':>10} {'mean gap':>10} {'mismatch':>10}")
+    models = [(f"near-tie {tie:.0e}", near_tie_qwen3_moe(tmp / f"tie-{tie}", tie=tie)) for tie in TIES]
+    models.append(("upcycled 1e-07", upcycled_tiny_moe(tmp / "upcycled")))
+    for label, model in models:
         samples = engine_samples(model, prompts, max_new_tokens=32)
         for replay in (False, True):
             t = TorchTrainer(model, LossConfig(), OptimConfig(), routing_replay=replay)
-            print(f"{tie:7.0e} {'on' if replay else 'off':>6} {trainer_gap(t, samples).row()}")
+            print(f"{label:>15} {'on' if replay else 'off':>6} {trainer_gap(t, samples).row()}")
     print("reference: replay on keeps the gap at fp32 rounding (<= 1e-5) and the mismatch at 0%")
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
@@ -40,9 +42,12 @@ from rlgw.gateway.sessions import api as sessions_api
 from rlgw.gateway.sessions.journals import Journal, open_journal
 from rlgw.gateway.sessions.table import SessionTable
 from rlgw.gateway.surfaces.anthropic import api as anthropic_api
+from rlgw.gateway.surfaces.anthropic.translate import MessagesInput, MessagesRequest
 from rlgw.gateway.surfaces.chat_completions import api as chat_completions
 from rlgw.gateway.surfaces.completions import api as completions
+from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest
 from rlgw.gateway.surfaces.responses import api as responses_api
+from rlgw.gateway.surfaces.responses.translate import ResponsesRequest
 from rlgw.gateway.tenancy import admin_api
 from rlgw.gateway.tenancy.limits import Limits, LimitTable
 from rlgw.gateway.tenancy.store import TenantStore
@@ -310,3 +315,32 @@ def create_app(config: GatewayConfig) -> FastAPI:
         )
 
     return app
+
+
+# The turn routes read their JSON body themselves (the edge serves them without FastAPI's
+# router), so FastAPI's document names no body for them: these are their request models, by the
+# path suffix every form of the route (`/v1/...`, `/s/{session_id}/v1/...`) ends with.
+TURN_BODIES: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": completions.CompletionRequest,
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": MessagesInput,
+    "/v1/responses": ResponsesRequest,
+}
+
+
+def openapi_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """The gateway's OpenAPI document (`/openapi.json`'s) with each turn route's request body added.
+
+    Used by the API reference (docs/gen/http_api.py) and the schema-driven fuzz test.
+    """
+    _, defs = models_json_schema(
+        [(m, "validation") for m in TURN_BODIES.values()], ref_template="#/components/schemas/{model}"
+    )
+    doc.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+    for path, ops in doc["paths"].items():
+        model = next((m for suffix, m in TURN_BODIES.items() if path.endswith(suffix)), None)
+        if model is not None and "post" in ops:
+            ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+            ops["post"]["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
+    return doc

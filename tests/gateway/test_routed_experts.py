@@ -7,7 +7,6 @@ export and the SDK-free ledger path: a turn the engine sent no routing for drops
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -20,8 +19,9 @@ import openai
 import pyarrow.parquet as pq
 import pytest
 
+from tests.support.gateway_proc import gateway_on_port
 from tests.support.moe_routing import hf_routing
-from tests.support.procs import engine_server, free_port, wait_healthy
+from tests.support.procs import engine_server, free_port
 from tests.trainer.support import tiny_qwen3_moe
 
 
@@ -36,21 +36,6 @@ def engine(moe_model: Path) -> Iterator[str]:
         yield url
 
 
-@contextlib.contextmanager
-def gateway(engine: str, data: Path, port: int) -> Iterator[str]:
-    args = ["serve", "--engine-url", engine, "--port", str(port), "--data-dir", str(data)]
-    with open(data / f"gateway-{port}.log", "ab") as log:
-        cmd = [sys.executable, "-m", "rlgw.bin.main", *args]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_healthy(url + "/health", proc)
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(timeout=15)
-
-
 def chat(client: openai.OpenAI, messages: list[dict]) -> None:
     msg = client.chat.completions.create(model="m", messages=messages, temperature=0.0, max_tokens=6)
     messages.append({"role": "assistant", "content": msg.choices[0].message.content or ""})
@@ -62,12 +47,13 @@ def test_routing_survives_a_restart_into_the_store_and_parquet(
 ) -> None:
     port = free_port()
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Count."}]
-    with gateway(engine, tmp_path, port) as gw:
+    gw = f"http://127.0.0.1:{port}"
+    with gateway_on_port(engine, tmp_path, port):
         s = httpx.post(gw + "/v1/sessions", json={"task_id": "moe", "sampling_precedence": "request"}).json()
         client = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
         chat(client, messages)
         chat(client, messages)
-    with gateway(engine, tmp_path, port) as gw:  # the session comes back from the journal
+    with gateway_on_port(engine, tmp_path, port):  # the session comes back from the journal
         chat(client, messages)
         summary = httpx.post(gw + f"/v1/sessions/{s['session_id']}/finish", json={"reward": 1.0}).json()
         assert summary["rejects"] == [] and len(summary["samples"]) == 1

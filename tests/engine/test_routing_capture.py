@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from tests.support.moe_routing import decode_routed_experts, hf_routing
 from tests.support.procs import engine_server
@@ -75,3 +76,23 @@ def test_bad_start_len_is_refused(moe_url: str) -> None:
 def test_not_asked_not_returned(moe_url: str) -> None:
     out = generate(moe_url, {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}})
     assert "routed_experts" not in out["meta_info"]
+
+
+def test_rows_from_start_len_and_a_refed_position_replaces_its_row() -> None:
+    from rlgw.engine.request import Request
+    from rlgw.engine.routing import keep_rows, routed_rows, routing_floor
+    from rlgw.engine.sampling import parse_sampling_params
+
+    def rows(first: int, last: int, tag: int = 0) -> torch.Tensor:
+        """Position p routes to (p + tag) in every slot: a row says which position it is."""
+        p = torch.arange(first, last, dtype=torch.int32) + tag
+        return p[:, None, None].expand(-1, LAYERS, TOP_K).clone()
+
+    req = Request("r", [1] * 6, parse_sampling_params({}), sink=lambda _u: None)
+    req.return_routed_experts, req.routed_experts_start_len = True, 2
+    keep_rows(req, 0, rows(0, 6))  # a prefill from 0: positions before the start are dropped
+    keep_rows(req, 6, rows(6, 7))  # a decode step
+    assert routing_floor(req) == 7
+    keep_rows(req, 4, rows(4, 7, tag=100))  # a retracted request's re-prefill from position 4
+    got = routed_rows(req)[:, 0, 0].tolist()
+    assert got == [2, 3, 104, 105, 106]

@@ -7,8 +7,11 @@ with `meta_info["routed_experts"]`: base64 of little-endian int32 [seqlen - 1 - 
 plain HF forward's. Then `rlgw serve` in front of it records them: the stored sample's
 `rollout_routed_experts` covers every token but the last, as HF routes them.
 
-Needs the cached SGLang venv (`python -m tests.support.sglang_env`); skipped where that module is
-not on the branch.
+Needs the cached SGLang venv (`python -m tests.support.sglang_env`) and a CUDA device: SGLang 0.5.23
+allocates the capture's host buffer pinned (`state_capturer/base.py` `BaseHostCache`: `pin_memory=True`
+-> `cudaHostRegister`), so on a CPU-only torch `--enable-return-routed-experts` dies at start-up with
+"Torch not compiled with CUDA enabled" (seen 2026-12-05 on this machine). Skipped where that module is
+not on the branch, or without CUDA.
 """
 
 from __future__ import annotations
@@ -23,12 +26,21 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import torch
 
 from tests.support.moe_routing import decode_routed_experts, hf_routing
 from tests.support.procs import free_port, wait_healthy
 from tests.trainer.support import tiny_qwen3_moe
 
 sglang_env = pytest.importorskip("tests.support.sglang_env")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="SGLang 0.5.23's --enable-return-routed-experts pins its host buffer with cudaHostRegister: "
+        "it needs a CUDA build of torch and a GPU",
+    ),
+]
 
 LAYERS, TOP_K = 2, 2
 

@@ -12,6 +12,8 @@ ledger, the journal row (base64), the store's zstd blob (measured against the sa
 routing) and the JSON API, for the tiny model and a Qwen3-30B-A3B-shaped routing (48 layers, top-8
 of 128 experts) with random ids (a worst case for compression: real routing repeats more).
 
+Part 3: the embedded engine's time with routing capture on against off (reference ratio: 1.0).
+
 Run: OMP_NUM_THREADS=1 PYTHONPATH=. python -m bench.moe_replay
 """
 
@@ -83,6 +85,39 @@ def storage_table(tmp: Path) -> None:
     storage(big, "48 layers, top-8 of 128, random")
 
 
+def capture_cost(tmp: Path) -> None:
+    """Embedded engine: 8 concurrent 128-token generations from fresh 64-token prompts (no prefix-cache
+    hit either way: a position whose routing is asked for is always computed), routing asked or not."""
+    import asyncio
+    import itertools
+    import time
+
+    from rlgw.engine.core import Engine, EngineConfig
+    from tests.engine.conftest import run_requests
+
+    model = near_tie_qwen3_moe(tmp / "capture", tie=1e-6)
+    engine = Engine(model, EngineConfig(max_queue=64, max_running=8))
+    params = [{"max_new_tokens": 128, "temperature": 1.0, "ignore_eos": True}]
+    fresh = itertools.count(10)
+
+    async def batch(routed: bool) -> None:
+        prompts = [[next(fresh) % 4000 for _ in range(64)] for _ in range(8)]
+        fields = {"return_logprob": True, "return_routed_experts": routed}
+        await asyncio.gather(*(run_requests(engine, p, params, **fields) for p in prompts))
+
+    def timed(routed: bool) -> float:
+        start = time.perf_counter()
+        asyncio.run(batch(routed))
+        return time.perf_counter() - start
+
+    try:
+        runs = [(timed(False), timed(True)) for _ in range(5)]  # interleaved: the machine's load shifts
+    finally:
+        engine.shutdown()
+    off, on = min(r[0] for r in runs), min(r[1] for r in runs)
+    print(f"\nengine, 8 x 128 tokens: {off:.3f} s without routing, {on:.3f} s with it ({on / off:.2f}x)")
+
+
 def main() -> None:
     from transformers.utils import logging as hf_logging
 
@@ -90,6 +125,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         replay_table(Path(tmp))
         storage_table(Path(tmp))
+        capture_cost(Path(tmp))
 
 
 if __name__ == "__main__":

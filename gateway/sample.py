@@ -6,6 +6,7 @@ about HTTP, the store or the engine. Field names follow slime's `Sample` where o
 
 from __future__ import annotations
 
+import base64
 import enum
 import math
 from dataclasses import dataclass, field
@@ -107,15 +108,12 @@ class Sample:
             ],
             "metadata": self.metadata,
         }
-        for name in (
-            "teacher_log_probs",
-            "teacher_topk_indices",
-            "teacher_topk_logprobs",
-            "rollout_routed_experts",
-        ):
+        for name in ("teacher_log_probs", "teacher_topk_indices", "teacher_topk_logprobs"):
             value = getattr(self, name)
             if value is not None:
                 doc[name] = arr(value)
+        if self.rollout_routed_experts is not None:
+            doc["rollout_routed_experts"] = routing_to_json(self.rollout_routed_experts)
         return doc
 
     @classmethod
@@ -139,9 +137,7 @@ class Sample:
             teacher_log_probs=opt("teacher_log_probs", np.float32),
             teacher_topk_indices=opt("teacher_topk_indices", np.int32),
             teacher_topk_logprobs=opt("teacher_topk_logprobs", np.float32),
-            rollout_routed_experts=None
-            if doc.get("rollout_routed_experts") is None
-            else compact_routing(np.asarray(doc["rollout_routed_experts"])),
+            rollout_routed_experts=routing_from_json(doc.get("rollout_routed_experts")),
         )
 
 
@@ -159,6 +155,24 @@ def compact_routing(ids: np.ndarray) -> np.ndarray:
     fits = ids.size == 0 or (int(ids.min()) >= 0 and int(ids.max()) < 256)
     dtype = np.uint8 if fits else np.int16
     return np.ascontiguousarray(ids, dtype=dtype)
+
+
+def routing_to_json(rows: np.ndarray) -> dict[str, Any]:
+    """Routed experts as JSON: `{"dtype", "shape", "data"}`, `data` base64 of the C-order bytes (one
+    byte per id for uint8: about 2.5x fewer bytes than nested lists, and one decode to read back)."""
+    rows = np.ascontiguousarray(rows)
+    data = base64.b64encode(rows.tobytes()).decode("ascii")
+    return {"dtype": rows.dtype.str, "shape": list(rows.shape), "data": data}
+
+
+def routing_from_json(doc: dict[str, Any] | list | None) -> np.ndarray | None:
+    """Inverse of `routing_to_json` (nested lists, as a hand-written document may give, also read)."""
+    if doc is None:
+        return None
+    if isinstance(doc, list):
+        return compact_routing(np.asarray(doc))
+    flat = np.frombuffer(base64.b64decode(doc["data"]), dtype=np.dtype(doc["dtype"]))
+    return flat.reshape(doc["shape"])
 
 
 class SampleRejected(ValueError):

@@ -10,13 +10,11 @@ module knows the ledger's `TurnCommit`; it knows nothing about sessions, request
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from rlgw.gateway.ledger.ledger import TurnCommit
+from rlgw.gateway.sample import routing_from_json, routing_to_json
 
 
 @dataclass(slots=True)
@@ -82,7 +80,7 @@ class TurnRecord:
             },
         )
         if c.routed_experts is not None:  # a MoE turn's; a dense model's rows stay as they were
-            row["commit"]["routed_experts"] = _routing_row(c.routed_experts)
+            row["commit"]["routed_experts"] = routing_to_json(c.routed_experts)
         return row
 
     @classmethod
@@ -98,7 +96,7 @@ class TurnRecord:
                     "calls": tuple(tuple(c) for c in spec["calls"]),
                     "version_spans": [tuple(v) for v in spec["version_spans"]],
                     "history": tuple(spec["history"]) if spec.get("history") else None,
-                    "routed_experts": _routing_array(spec.get("routed_experts")),
+                    "routed_experts": routing_from_json(spec.get("routed_experts")),
                 }
             )
         segment = row.get("segment")
@@ -117,16 +115,3 @@ class TurnRecord:
             notes=row.get("notes") or {},
             temperature=row.get("temperature"),
         )
-
-
-def _routing_row(rows: np.ndarray) -> dict[str, Any]:
-    """Routed experts in the journal: base64 of their bytes (uint8: one byte per id, not a JSON list)."""
-    data = base64.b64encode(np.ascontiguousarray(rows).tobytes()).decode("ascii")
-    return {"dtype": rows.dtype.str, "shape": list(rows.shape), "data": data}
-
-
-def _routing_array(row: dict[str, Any] | None) -> np.ndarray | None:
-    if row is None:
-        return None
-    flat = np.frombuffer(base64.b64decode(row["data"]), dtype=np.dtype(row["dtype"]))
-    return flat.reshape(row["shape"])

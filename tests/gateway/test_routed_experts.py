@@ -19,6 +19,7 @@ import openai
 import pyarrow.parquet as pq
 import pytest
 
+from rlgw.gateway.sample import routing_from_json
 from tests.support.gateway_proc import gateway_on_port
 from tests.support.moe_routing import hf_routing
 from tests.support.procs import engine_server, free_port
@@ -59,7 +60,7 @@ def test_routing_survives_a_restart_into_the_store_and_parquet(
         assert summary["rejects"] == [] and len(summary["samples"]) == 1
         doc = httpx.get(gw + f"/v1/trajectories/{summary['samples'][0]['cursor']}").json()
     tokens = doc["tokens"]
-    routed = np.asarray(doc["rollout_routed_experts"])
+    routed = routing_from_json(doc["rollout_routed_experts"])
     assert routed.shape == (len(tokens) - 1, 2, 2)
     assert np.array_equal(routed, hf_routing(moe_model, tokens[:-1]))
 

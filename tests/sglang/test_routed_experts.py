@@ -28,6 +28,7 @@ import openai
 import pytest
 import torch
 
+from rlgw.gateway.sample import routing_from_json
 from tests.support.moe_routing import decode_routed_experts, hf_routing
 from tests.support.procs import free_port, wait_healthy
 from tests.trainer.support import tiny_qwen3_moe
@@ -98,7 +99,7 @@ def test_gateway_records_sglangs_routing(sglang: str, moe_model: Path, tmp_path:
     finally:
         proc.terminate()
         proc.wait(timeout=15)
-    routed = np.asarray(doc["rollout_routed_experts"])
+    routed = routing_from_json(doc["rollout_routed_experts"])
     assert routed.shape == (len(doc["tokens"]) - 1, LAYERS, TOP_K)
     want = hf_routing(moe_model, doc["tokens"][:-1])
     assert np.array_equal(np.sort(routed, -1), np.sort(want, -1))

@@ -28,6 +28,7 @@ from starlette.types import ASGIApp
 
 from rlgw.gateway.engine_client.backend import SGLangBackend
 from rlgw.gateway.engine_client.vllm_backend import make_backend
+from rlgw.gateway.engine_semantics import EngineSemantics
 from rlgw.gateway.errors import StartupError, UpstreamError
 from rlgw.gateway.http.body_limits import RequestCaps
 from rlgw.gateway.http.errors import install_error_handlers, json_response
@@ -45,6 +46,8 @@ from rlgw.gateway.surfaces.anthropic import api as anthropic_api
 from rlgw.gateway.surfaces.anthropic.translate import MessagesInput, MessagesRequest
 from rlgw.gateway.surfaces.chat_completions import api as chat_completions
 from rlgw.gateway.surfaces.completions import api as completions
+from rlgw.gateway.surfaces.gemini import api as gemini_api
+from rlgw.gateway.surfaces.gemini import translate as gemini_translate
 from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest
 from rlgw.gateway.surfaces.responses import api as responses_api
 from rlgw.gateway.surfaces.responses.translate import ResponsesRequest
@@ -151,6 +154,7 @@ async def load_model(backend: SGLangBackend, config: GatewayConfig) -> tuple[Mod
     """Start-up, step 2: what the engine serves, its tokenizer and template, and the template probe
     (a template that cannot be rendered incrementally stops start-up unless allowed)."""
     info = await _engine_info(backend, config.engine_wait)
+    _warn_if_seeds_ignored(backend.semantics)
     profile = await asyncio.to_thread(
         functools.partial(
             build_profile,
@@ -172,6 +176,13 @@ async def load_model(backend: SGLangBackend, config: GatewayConfig) -> tuple[Mod
             "--allow-template-mismatch"
         )
     return profile, report
+
+
+def _warn_if_seeds_ignored(semantics: EngineSemantics | None) -> None:
+    """Tell the user at start-up when the engine will not honour seeds (the samples say so too)."""
+    reason = semantics.not_repeatable_reason() if semantics is not None else None
+    if reason:
+        log.warning("the engine ignores sampling seeds", extra={"fields": {"reason": reason}})
 
 
 def freeze_heap() -> None:
@@ -255,7 +266,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         try:
             admin_api.apply_tenants(state.tenant_store, state.tenant_keys, state.limits)
             state.profile, state.probe = await load_model(state.backend, config)  # step 2
-            state.vocab_size = len(state.profile.tokenizer)
+            state.vocab_size = state.profile.vocab_size
             state.viewer = ViewerState(
                 state.store, state.tenant_keys, state.profile.tokenizer, state.profile.tool_format
             )
@@ -294,6 +305,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         ops_api,
         anthropic_api,
         responses_api,
+        gemini_api,
         viewer,
     ):
         app.include_router(module.router)
@@ -326,6 +338,11 @@ TURN_BODIES: dict[str, type[BaseModel]] = {
     "/v1/messages": MessagesRequest,
     "/v1/messages/count_tokens": MessagesInput,
     "/v1/responses": ResponsesRequest,
+    **{
+        f"/{version}/models/{{model}}:{method}": gemini_translate.GenerateContentRequest
+        for version in ("v1", "v1beta")
+        for method in ("generateContent", "streamGenerateContent", "countTokens")
+    },
 }
 
 

@@ -41,11 +41,17 @@ class ModelProfile:
     # A mixture of experts (from the checkpoint's config.json): every recorded turn asks the engine
     # for its routed experts. None: a dense model, or no config.json beside the tokenizer.
     routing: RoutingShape | None = None
+    # The model's `config.vocab_size`: the rows of its embedding and output layer, often padded past
+    # the tokenizer's ids (to a multiple of 64 or 128). None: no config was readable.
+    model_vocab: int | None = None
 
     @property
     def vocab_size(self) -> int:
-        """Ids the tokenizer can decode (the model's embedding may be padded beyond it)."""
-        return len(self.tokenizer)
+        """Ids the model can be fed and can sample: its whole (padded) vocabulary where its config says
+        it, else the tokenizer's. SGLang and vLLM sample padded ids (their rows carry probability
+        mass, little in a trained model): such an id is what the model did, and the trainers
+        normalize over the same padded vocabulary; the tokenizer decodes it to nothing."""
+        return self.model_vocab or len(self.tokenizer)
 
 
 def _context_length(configured: int | None, info: dict[str, Any], tokenizer_dir: Path) -> int:
@@ -62,24 +68,41 @@ def _context_length(configured: int | None, info: dict[str, Any], tokenizer_dir:
     raise StartupError("cannot tell the model's context length: pass --context-length")
 
 
-def routing_shape(model_dir: Path) -> RoutingShape | None:
-    """The routing of the MoE checkpoint in `model_dir` (its config.json), or None for a dense one.
+def _model_vocab(info: dict[str, Any], tokenizer_dir: Path) -> int | None:
+    """`config.vocab_size` (or its text model's, for a multimodal config) from the model's local
+    config.json: the engine's model path, else the tokenizer's directory."""
+    for where in (info.get("model_path"), tokenizer_dir):
+        cfg = Path(str(where)) / "config.json" if where else None
+        if cfg is None or not cfg.is_file():
+            continue
+        doc = json.loads(cfg.read_text())
+        value = doc.get("vocab_size") or (doc.get("text_config") or {}).get("vocab_size")
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def routing_shape(info: dict[str, Any], tokenizer_dir: Path) -> RoutingShape | None:
+    """The routing of a MoE model from its local config.json (the engine's model path, else the
+    tokenizer's directory), or None for a dense one or no config.
 
     Qwen3-MoE and Mixtral name their experts `num_experts` / `num_local_experts`, DeepSeek
     `n_routed_experts`; all count `num_experts_per_tok` and route in `num_hidden_layers` rows (a
     dense layer's row is zeros, as SGLang returns it).
     """
-    cfg_file = model_dir / "config.json"
-    if not cfg_file.is_file():
-        return None
-    cfg = json.loads(cfg_file.read_text())
-    cfg = cfg.get("text_config", cfg)
-    names = ("num_experts", "n_routed_experts", "num_local_experts")
-    experts = next((cfg[k] for k in names if cfg.get(k)), 0)
-    top_k = cfg.get("num_experts_per_tok") or 0
-    if not experts or not top_k:
-        return None
-    return RoutingShape(layers=int(cfg["num_hidden_layers"]), top_k=int(top_k), experts=int(experts))
+    for where in (info.get("model_path"), tokenizer_dir):
+        cfg_file = Path(str(where)) / "config.json" if where else None
+        if cfg_file is None or not cfg_file.is_file():
+            continue
+        doc = json.loads(cfg_file.read_text())
+        cfg = doc.get("text_config") or doc
+        names = ("num_experts", "n_routed_experts", "num_local_experts")
+        experts = next((cfg[k] for k in names if cfg.get(k)), 0)
+        top_k = cfg.get("num_experts_per_tok") or 0
+        if not experts or not top_k:
+            return None
+        return RoutingShape(layers=int(cfg["num_hidden_layers"]), top_k=int(top_k), experts=int(experts))
+    return None
 
 
 def _single_token(tok: Any, text: str) -> int | None:
@@ -127,5 +150,6 @@ def build_profile(
         think_start_ids=think,
         think_end_id=_single_token(tok, THINK_END) if reasoning else None,
         tool_parser_explicit=tool_parser != "auto",
-        routing=routing_shape(Path(str(tok_path))),
+        model_vocab=_model_vocab(info, Path(str(tok_path))),
+        routing=routing_shape(info, Path(str(tok_path))),
     )

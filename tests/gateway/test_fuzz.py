@@ -25,7 +25,7 @@ from tests.support.procs import serve_in_thread
 TENANT_KEY = "fuzz-tenant-key-0123456789"
 ADMIN_KEY = "fuzz-admin-key-0123456789"
 CONTEXT = 2048
-VOCAB = 4026  # tiny-qwen3's
+VOCAB = 4096  # tiny-qwen3's config.vocab_size (its tokenizer: 4026 ids, the rest padded)
 CAPS = RequestCaps(max_body_bytes=256 * 1024, max_messages=64, max_tools=8)
 
 

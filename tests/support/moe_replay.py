@@ -68,10 +68,10 @@ class Gap:
 
 def trainer_gap(trainer, samples: list[Sample]) -> Gap:
     """The gap and routing mismatch of `trainer` (a `TorchTrainer`, replaying or not) on `samples`."""
-    from rlgw.trainer.batch import pack_rows
+    from rlgw.trainer.batch import pack_rows, step_vocabulary
     from rlgw.trainer.objective import token_log_probs
 
-    mb = pack_rows([(s, 0.0, k) for k, s in enumerate(samples)], trainer.pad_id)
+    mb = pack_rows([(s, 0.0, k) for k, s in enumerate(samples)], step_vocabulary(samples), trainer.pad_id)
     chosen: dict[int, torch.Tensor] = {}
     hooks = []
     for i, layer in enumerate(trainer.model.get_decoder().layers):

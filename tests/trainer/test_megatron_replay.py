@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlgw.trainer.batch import pack_rows
+from rlgw.trainer.batch import pack_rows, step_vocabulary
 from rlgw.trainer.objective import LossConfig
 from rlgw.trainer.settings import OptimConfig
 from tests.support.moe_replay import engine_samples
@@ -31,7 +31,7 @@ def megatron_gap(model: Path, samples: list, replay: bool) -> float:
     mt = MegatronTrainer(
         model, LossConfig(old_log_probs="recompute"), OptimConfig(lr=1e-3), routing_replay=replay
     )
-    mb = pack_rows([(s, 0.0, k) for k, s in enumerate(samples)])
+    mb = pack_rows([(s, 0.0, k) for k, s in enumerate(samples)], step_vocabulary(samples))
     (lp,) = mt._old_log_probs([mb])
     gaps = [
         (lp[i, s.prompt_length : len(s.tokens)].cpu() - torch.from_numpy(s.rollout_log_probs)).abs().max()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlgw.trainer.batch import pack_rows
+from rlgw.trainer.batch import pack_rows, step_vocabulary
 from rlgw.trainer.objective import LossConfig
 from rlgw.trainer.settings import OptimConfig
 from rlgw.trainer.torch_trainer import TorchTrainer
@@ -49,7 +49,7 @@ def test_replay_makes_trainer_logprobs_the_engines(near_tie: tuple[Path, list]) 
 def test_a_row_without_routing_keeps_the_routers_choice(near_tie: tuple[Path, list]) -> None:
     model, samples = near_tie
     bare = dataclasses.replace(samples[0], rollout_routed_experts=None)
-    mb = pack_rows([(bare, 0.0, 0)])
+    mb = pack_rows([(bare, 0.0, 0)], step_vocabulary([bare]))
     with torch.no_grad():
         assert torch.equal(trainer(model, True).logits(mb), trainer(model, False).logits(mb))
 

@@ -5,7 +5,7 @@ Part 1: `near_tie_qwen3_moe` (tests/trainer/support.py) at three tie widths, and
 samples rollouts (temperature 1, their routed experts recorded), and the PyTorch trainer computes
 the same tokens' logprobs with and without `routing_replay`. Printed per tie: the largest and mean
 |trainer - engine| logprob over the generated tokens, and the share of generated tokens whose
-experts differ from the engine's in some layer. Reference: replay's gap is rounding (<= 1e-5).
+experts differ from the engine's in some layer. Reference: replay's gap is rounding (about 1e-5).
 
 Part 2: storage per token of `rollout_routed_experts` (uint8 [layers, top_k] per token) in the
 ledger, the journal row (base64), the store's zstd blob (measured against the same sample without
@@ -50,7 +50,7 @@ def replay_table(tmp: Path) -> None:
         for replay in (False, True):
             t = TorchTrainer(model, LossConfig(), OptimConfig(), routing_replay=replay)
             print(f"{label:>15} {'on' if replay else 'off':>6} {trainer_gap(t, samples).row()}")
-    print("reference: replay on keeps the gap at fp32 rounding (<= 1e-5) and the mismatch at 0%")
+    print("reference: replay on keeps the gap at fp32 rounding (about 1e-5) and the mismatch at 0%")
 
 
 def storage(sample: Sample, label: str) -> None:

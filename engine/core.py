@@ -137,6 +137,11 @@ class Engine:
 
     # -- requests ---------------------------------------------------------------------------------
 
+    @property
+    def is_moe(self) -> bool:
+        """True when the model routes tokens to experts (it can report routed experts)."""
+        return self.runner.routing.is_moe
+
     def check_request(self, input_ids: list[int], logprob_start_len: int) -> None:
         """Raise `RequestError` if a prompt cannot run on this model."""
         self.runner.check(input_ids, logprob_start_len)

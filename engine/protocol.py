@@ -16,6 +16,7 @@ from typing import Any
 
 from rlgw.engine.errors import RequestError
 from rlgw.engine.request import Request, Update, new_rid
+from rlgw.engine.routing import encode_rows, routed_rows
 from rlgw.engine.sampling import SamplingParams, parse_sampling_params
 
 
@@ -31,6 +32,8 @@ class Item:
     logprob_start_len: int
     top_logprobs_num: int
     return_text_in_logprobs: bool
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
 
 
 @dataclass(slots=True)
@@ -122,6 +125,7 @@ def parse_generate(body: Any, encode) -> GenerateCall:
         with_text = bool(
             _per_item(body.get("return_text_in_logprobs"), i, count, "return_text_in_logprobs", batch)
         )
+        routed, routed_start = _routing_fields(body, i, count, batch, len(ids))
         for _ in range(params.n):
             if params.n > 1:
                 item_rid = new_rid()  # SGLang mints a fresh rid per sample when n > 1
@@ -132,9 +136,35 @@ def parse_generate(body: Any, encode) -> GenerateCall:
             else:
                 item_rid = new_rid()
             items.append(
-                Item(len(items), item_rid, list(ids), params, return_logprob, start, top_n, with_text)
+                Item(
+                    len(items),
+                    item_rid,
+                    list(ids),
+                    params,
+                    return_logprob,
+                    start,
+                    top_n,
+                    with_text,
+                    routed,
+                    routed_start,
+                )
             )
     return GenerateCall(items=items, listed=listed, stream=stream)
+
+
+def _routing_fields(body: dict, i: int, count: int, batch: bool, prompt_len: int) -> tuple[bool, int]:
+    """`return_routed_experts` and `routed_experts_start_len` of item `i` (SGLang's bounds on the start)."""
+    routed = bool(_per_item(body.get("return_routed_experts"), i, count, "return_routed_experts", batch))
+    start = _int(
+        _per_item(body.get("routed_experts_start_len"), i, count, "routed_experts_start_len", batch),
+        "routed_experts_start_len",
+        0,
+    )
+    if routed and not 0 <= start <= prompt_len:
+        raise RequestError(
+            f"routed_experts_start_len={start} must be in [0, {prompt_len}], the number of input tokens"
+        )
+    return routed, start
 
 
 def _triples(values: list, ids: list[int], texts: list[str] | None) -> list[list]:
@@ -188,6 +218,9 @@ def render(item: Item, req: Request, update: Update, decode_many, with_index: bo
         if item.top_logprobs_num > 0:
             meta["output_top_logprobs"] = _top_rows(req.output_top_logprobs[:n], texts)
             meta["input_top_logprobs"] = _top_rows(req.input_top_logprobs, texts)
+    if req.return_routed_experts and reason is not None:
+        rows = routed_rows(req)
+        meta["routed_experts"] = "" if rows is None else encode_rows(rows)
     if update.e2e_latency is not None:
         meta["e2e_latency"] = round(update.e2e_latency, 6)
     obj: dict[str, Any] = {"text": update.text, "output_ids": out_ids, "meta_info": meta}

@@ -58,6 +58,8 @@ class Request:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     grammar: Matcher | None = None  # json_schema / regex / ebnf / structural_tag, compiled
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0  # routing rows cover positions [this, seqlen - 1)
     created: float = field(default_factory=time.monotonic)
     # Filled by the engine.
     phase: Phase = Phase.WAITING
@@ -76,6 +78,9 @@ class Request:
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     cache_epoch: int = 0  # the prefix cache's epoch when this request's KV computation began
     last_emit: int = 0
+    # Routing rows in order, int32 [rows, layers, top_k] chunks (`rlgw.engine.routing`).
+    routed_experts: list[torch.Tensor] = field(default_factory=list)
+    routed_rows: int = 0
 
     def __post_init__(self) -> None:
         self.generator = make_generator(self.params.sampling_seed)

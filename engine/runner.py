@@ -22,6 +22,7 @@ from rlgw.engine.errors import ModelError, RequestError
 from rlgw.engine.grammar import Grammars
 from rlgw.engine.prefix_cache import PrefixCache
 from rlgw.engine.request import Phase, Request, Update, failed, length, stopped
+from rlgw.engine.routing import RoutingCapture, keep_rows, routing_floor
 from rlgw.engine.sampling import SamplerRow, sample
 
 # Prompt rows whose logits are materialized at once when computing input logprobs (bounds memory
@@ -73,6 +74,7 @@ class ModelRunner:
         self.tokenizer_vocab = min(len(tokenizer), self.vocab_size)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids)
+        self.routing = RoutingCapture(self._base)
 
     # -- admission checks -------------------------------------------------------------------------
 
@@ -123,7 +125,10 @@ class ModelRunner:
         lo = req.prefill_done
         hi = min(len(seq), lo + budget)
         ids = torch.tensor([seq[lo:hi]], dtype=torch.long)
-        hidden = self._forward(ids, None, torch.arange(lo, hi).unsqueeze(0), req.kv)
+        with self.routing.capture(req.return_routed_experts) as routed:
+            hidden = self._forward(ids, None, torch.arange(lo, hi).unsqueeze(0), req.kv)
+        if routed:
+            keep_rows(req, lo, routed[0])
         if fresh and req.return_logprob and req.logprob_start_len >= 0:
             self._prompt_logprobs(req, hidden[0], lo)
         if hi < len(seq):
@@ -148,6 +153,8 @@ class ModelRunner:
         limit = len(seq) - 1
         if fresh and req.return_logprob and req.logprob_start_len >= 0:
             limit = min(limit, req.logprob_start_len)
+        if (floor := routing_floor(req)) is not None:
+            limit = min(limit, floor)
         hit = self.prefix.match(seq, limit)
         req.kv = new_cache(hit.kv if hit else None)
         req.prefill_done = hit.length if hit else 0
@@ -185,8 +192,18 @@ class ModelRunner:
         pos = torch.tensor([[r.seq_len - 1] for r in batch.reqs], dtype=torch.long)
         batch.mask = torch.cat([batch.mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1)
         # Without padding the mask is all ones: let the model take its plain causal path.
-        hidden = self._forward(ids, batch.mask if batch.padded else None, pos, batch.cache)
+        with self.routing.capture(any(r.return_routed_experts for r in batch.reqs)) as routed:
+            hidden = self._forward(ids, batch.mask if batch.padded else None, pos, batch.cache)
+        if routed:
+            self._keep_decode_routing(batch.reqs, routed[0])
         return self._advance(batch.reqs, self._logits(hidden[:, -1]))
+
+    @staticmethod
+    def _keep_decode_routing(reqs: list[Request], rows: torch.Tensor) -> None:
+        """Row i of a decode step's routing is request i's, at the position its last output id fills."""
+        for i, r in enumerate(reqs):
+            if r.return_routed_experts:
+                keep_rows(r, r.seq_len - 1, rows[i : i + 1])
 
     # -- sampling and stop checks -------------------------------------------------------------------
 

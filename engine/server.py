@@ -125,6 +125,9 @@ async def _start(engine: Engine, call: GenerateCall) -> tuple[list[Request], asy
                 logprob_start_len=item.logprob_start_len,
                 top_logprobs_num=item.top_logprobs_num,
                 grammar=grammar,
+                # As SGLang without a capturer: a dense model's reply has no routed experts.
+                return_routed_experts=item.return_routed_experts and engine.is_moe,
+                routed_experts_start_len=item.routed_experts_start_len,
                 finish_reason=refused,
             )
         )

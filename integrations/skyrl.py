@@ -17,6 +17,8 @@ copy of a stored sample: `prompt_token_ids` = the tokens before the response, `r
 loss mask, the rollout logprobs, and the run's verifier reward. A run that stored several segments
 without `step_wise`, or that failed, raises (SkyRL has no status to carry it). Settings are
 `RlgwSettings` (a mapping, e.g. from the Hydra config). This module owns that conversion only.
+A MoE sample's routed experts are not carried: 0.3.1's `GeneratorOutput` has no field for them, so
+SkyRL trains a MoE without routing replay (slime's and verl's adapters carry them).
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ one slime `Sample` per stored segment or conversation, each a copy of slime's ow
 stored fields set: `tokens`, `response_length`, `loss_mask`, `rollout_log_probs`, `reward` (the
 verifier's, the same on every sibling: the per-rollout denominator already weighs siblings as one
 rollout, so it is not divided by their count), `status` (same value in slime's enum),
-`rollout_id` (slime's int: the sample's own, else its index), `weight_versions` and `metadata["rlgw"]`.
+`rollout_id` (slime's int: the sample's own, else its index), `weight_versions` and `metadata["rlgw"]`,
+and for a MoE model `rollout_routed_experts` (slime's routing-replay field: int32
+[len(tokens) - 1, layers, top_k], as slime decodes SGLang's `routed_experts`).
 A failed run returns the sample ABORTED with the reason in `metadata["rlgw_abort_reason"]`.
 `reward_post_process` normalizes GRPO rewards per `group_index` with one value per rollout.
 Settings come from `rlgw_*` attributes of slime's args (`--custom-config-path` YAML), else `RLGW_*`
@@ -97,6 +99,8 @@ def to_slime_samples(sample: Any, rollout: Rollout) -> list[Any]:
         out.status = status(s.status.value)
         out.rollout_id = rollout_id
         out.weight_versions = [span.version for span in s.weight_versions]
+        if s.rollout_routed_experts is not None:
+            out.rollout_routed_experts = s.rollout_routed_experts.astype("int32")
         out.metadata = {
             **(sample.metadata or {}),
             "rlgw": {**provenance(stored), **s.metadata},

@@ -20,7 +20,9 @@ the classic worker takes and raises if the run stored several (it has no row for
 copy of the stored sample: `prompt_ids` = tokens before the response, `response_ids` = the
 response region, `response_mask` = its loss mask, `response_logprobs` = its rollout logprobs,
 `reward_score` = the run's verifier reward (verl then scores nothing again), rlgw's ids in
-`extra_fields["rlgw"]`. A failed run raises `RolloutFailed` (verl has no status for it). verl's
+`extra_fields["rlgw"]`, and for a MoE model `routed_experts` (verl's router-replay field, "for the
+total tokens": the stored [len(tokens) - 1, layers, top_k] ids; the last token is never fed forward).
+A failed run raises `RolloutFailed` (verl has no status for it). verl's
 SGLang servers are rlgw's engine: `rlgw serve --engine-url` points at them (through an
 sglang-router). This module owns that conversion and nothing of verl's scheduling.
 """
@@ -88,6 +90,7 @@ def to_agent_loop_outputs(rollout: Rollout, seconds: float = 0.0) -> list[AgentL
                 response_ids=s.tokens[p:].tolist(),
                 response_mask=s.loss_mask.tolist(),
                 response_logprobs=s.rollout_log_probs.tolist(),
+                routed_experts=s.rollout_routed_experts,
                 reward_score=rollout.reward,
                 num_turns=len(s.metadata.get("engine_rids") or []),
                 metrics=AgentLoopMetrics(generate_sequences=seconds),

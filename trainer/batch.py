@@ -32,6 +32,7 @@ from rlgw.gateway.engine_semantics import (
 from rlgw.gateway.sample import Sample
 from rlgw.trainer.losses import grpo_advantages
 from rlgw.trainer.rollout import Rollout
+from rlgw.trainer.routing_replay import routing_table
 
 
 class TemperatureError(EngineSemanticsError):
@@ -51,6 +52,8 @@ class MicroBatch:
     temperature: Tensor  # float32 [rows]: what the engine divided the row's logits by
     vocabulary: str  # what the engine normalized over: PADDED (config.vocab_size) or TOKENIZER
     teacher_log_probs: Tensor | None = None  # float32, when every row has them
+    # int32 [rows, tokens, layers, top_k]: the engine's routed experts (-1: none), when a row has them
+    routed_experts: Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -184,6 +187,7 @@ def pack_rows(rows: list[tuple[Sample, float, int]], vocabulary: str, pad_id: in
         ),
         vocabulary=vocabulary,
         teacher_log_probs=None if teacher is None else torch.from_numpy(teacher),
+        routed_experts=routing_table([s for s, _, _ in rows], width),
     )
 
 

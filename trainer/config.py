@@ -172,6 +172,20 @@ class ParallelSpec(_Strict):
         return self
 
 
+class MoeSpec(_Strict):
+    """Mixture-of-experts training settings."""
+
+    routing_replay: bool = Field(
+        False,
+        description=(
+            "Rollout routing replay (R3): the trainer's forward routes each token to the experts the "
+            "engine routed it to (the samples' `rollout_routed_experts`, which the gateway records for "
+            "a MoE model), recomputing the router's weights over those experts, so small numeric "
+            "differences cannot send a token through other experts at training than at rollout."
+        ),
+    )
+
+
 class TeacherSpec(_Strict):
     """Force-decode each kept segment with a teacher: its `teacher_*` fields feed K3 (kl_source="teacher")."""
 
@@ -251,6 +265,7 @@ class TrainConfig(_Strict):
     teacher: TeacherSpec | None = Field(None, description="A teacher that force-decodes each kept segment.")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Receipts' sinks.")
     parallel: ParallelSpec = Field(default_factory=ParallelSpec, description="The Megatron trainer's split.")
+    moe: MoeSpec = Field(default_factory=MoeSpec, description="Mixture-of-experts settings.")
 
     @model_validator(mode="after")
     def _split_needs_megatron(self) -> TrainConfig:

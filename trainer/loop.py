@@ -52,12 +52,17 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         return MegatronTrainer(
             Path(cfg.model), cfg.loss_config(), cfg.optim_config(), device=cfg.device, seed=cfg.seed,
             tp=par.tp, pp=par.pp, dp=par.dp, ep=par.ep, vocab_divisible_by=par.vocab_divisible_by,
-            distributed_optimizer=par.distributed_optimizer,
+            distributed_optimizer=par.distributed_optimizer, routing_replay=cfg.moe.routing_replay,
         )  # fmt: skip
     from rlgw.trainer.torch_trainer import TorchTrainer
 
     return TorchTrainer(
-        Path(cfg.model), cfg.loss_config(), cfg.optim_config(), device=cfg.device, seed=cfg.seed
+        Path(cfg.model),
+        cfg.loss_config(),
+        cfg.optim_config(),
+        device=cfg.device,
+        seed=cfg.seed,
+        routing_replay=cfg.moe.routing_replay,
     )
 
 

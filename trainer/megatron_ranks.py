@@ -142,7 +142,10 @@ def padded(mb: MicroBatch, rows: int, length: int) -> MicroBatch:
         right = (0, length - t.shape[1]) if t.dim() == 2 else ()
         return torch.nn.functional.pad(t, (*right, 0, rows - t.shape[0]), value=value)
 
-    teacher = mb.teacher_log_probs
+    teacher, routed = mb.teacher_log_probs, mb.routed_experts
+    if routed is not None:  # [rows, tokens, layers, top_k]; the new rows and tokens unrecorded (-1)
+        grown = (0, 0, 0, 0, 0, length - routed.shape[1], 0, rows - routed.shape[0])
+        routed = torch.nn.functional.pad(routed, grown, value=-1)
     return MicroBatch(
         input_ids=grow(mb.input_ids),
         attention_mask=grow(mb.attention_mask),
@@ -153,6 +156,7 @@ def padded(mb: MicroBatch, rows: int, length: int) -> MicroBatch:
         temperature=grow(mb.temperature, 1.0),
         vocabulary=mb.vocabulary,
         teacher_log_probs=None if teacher is None else grow(teacher),
+        routed_experts=routed,
     )
 
 

@@ -48,6 +48,7 @@ from rlgw.trainer.megatron_convert import (
     unshard,
 )
 from rlgw.trainer.megatron_cpu import cpu_shims, cuda_is_cpu
+from rlgw.trainer.megatron_replay import MegatronRoutingReplay
 from rlgw.trainer.objective import LossConfig, engine_logits, merge_metrics, micro_batch_loss, token_log_probs
 from rlgw.trainer.torch_trainer import OptimConfig, checkpoint_tensor_names, model_vocab_columns, to_device
 
@@ -146,14 +147,18 @@ def _rope_theta(hf: dict[str, Any]) -> float:
 
 
 def build_gpt_model(
-    hf: dict[str, Any], split: Split, vocab_rows: int, *, device: str = "cpu"
+    hf: dict[str, Any], split: Split, vocab_rows: int, *, device: str = "cpu", routing_replay: bool = False
 ) -> torch.nn.Module:
-    """This rank's (unloaded) piece of a Megatron `GPTModel` with the HF config's architecture."""
+    """This rank's (unloaded) piece of a Megatron `GPTModel` with the HF config's architecture.
+
+    `routing_replay`: its MoE routers take a `RouterReplay` (`rlgw.trainer.megatron_replay`).
+    """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 
     config = transformer_config(hf, tp=split.tp, pp=split.pp, ep=split.ep, cpu=device == "cpu")
+    config.moe_enable_routing_replay = routing_replay and bool(config.num_moe_experts)
     if config.num_moe_experts:  # MoE and dense layers as `moe_layer_freq` says (local modules, no TE)
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
     else:
@@ -184,7 +189,8 @@ class MegatronTrainer:
 
     def __init__(self, model_dir: Path, loss: LossConfig, optim: OptimConfig, *, device: str = "cpu",
                  seed: int = 0, tp: int = 1, pp: int = 1, dp: int | None = None, ep: int = 1,
-                 vocab_divisible_by: int = 128, distributed_optimizer: bool = False) -> None:  # fmt: skip
+                 vocab_divisible_by: int = 128, distributed_optimizer: bool = False,
+                 routing_replay: bool = False) -> None:  # fmt: skip
         if loss.kl_coef and loss.kl_source == "reference":
             raise NotImplementedError("the Megatron trainer takes KL to a teacher (kl_source='teacher') only")
         torch.manual_seed(seed)
@@ -201,7 +207,11 @@ class MegatronTrainer:
         self.layout = ranks.init_parallel(tp, pp, dp, ep=ep)
         self.vocab_columns = model_vocab_columns(self.model_dir, self.hf["vocab_size"])
         self.vocab_rows = padded_vocab(self.hf["vocab_size"], tp, vocab_divisible_by)
+        self.routing_replay = routing_replay
         self.model = self._build(device)
+        self.replay = MegatronRoutingReplay(self.module) if routing_replay else None
+        if routing_replay and not num_experts(self.hf):
+            raise ValueError(f"moe.routing_replay is on but {self.model_dir} has no MoE router to replay")
         state: dict[str, Tensor] = {}
         for f in sorted(self.model_dir.glob("*.safetensors")):
             state.update(load_file(str(f)))
@@ -240,7 +250,9 @@ class MegatronTrainer:
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
         with self._on_device():
-            model = build_gpt_model(self.hf, self.split, self.vocab_rows, device=device)
+            model = build_gpt_model(
+                self.hf, self.split, self.vocab_rows, device=device, routing_replay=self.routing_replay
+            )
             ddp = DistributedDataParallel(
                 config=model.config,
                 ddp_config=DistributedDataParallelConfig(
@@ -300,6 +312,8 @@ class MegatronTrainer:
             # Megatron's convention: True = masked out. Given explicitly (its default is built on "cuda").
             ones = torch.ones(n, n, dtype=torch.bool, device=self.device)
             causal = torch.triu(ones, diagonal=1)[None, None]
+            if self.replay is not None:  # this micro-batch's routing, read by the routers below
+                self.replay.table = mb.routed_experts
             return model(ids, pos, causal), functools.partial(loss_func, k, mb)
 
         run = get_forward_backward_func()

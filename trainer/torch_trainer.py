@@ -7,6 +7,7 @@ module owns the model, the optimizer and export.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from rlgw.trainer.objective import (
     token_log_probs,
     vocab_columns,
 )
+from rlgw.trainer.routing_replay import RoutingReplay
 from rlgw.trainer.settings import OptimConfig
 
 _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
@@ -60,7 +62,10 @@ class TorchTrainer:
         *,
         device: str = "cpu",
         seed: int = 0,
+        routing_replay: bool = False,
     ) -> None:
+        """`routing_replay`: route each token to the experts the engine did (a MoE model's samples'
+        `rollout_routed_experts`, `rlgw.trainer.routing_replay`) in every forward, reference included."""
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
@@ -69,6 +74,9 @@ class TorchTrainer:
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device)
         self.model.train()
         self._export_dtypes = checkpoint_tensor_names(self.model_dir)
+        self.replay = RoutingReplay() if routing_replay else None
+        if self.replay is not None and not self.replay.install(self.model):
+            raise ValueError(f"moe.routing_replay is on but {self.model_dir} has no MoE router to replay")
         self.reference = None
         if loss.kl_coef and loss.kl_source == "reference":
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -86,8 +94,15 @@ class TorchTrainer:
     def logits(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> Tensor:
         """The micro-batch's logits as the engine saw them (`engine_logits`), [rows, tokens, vocab]."""
         m = model if model is not None else self.model
-        out = m(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
+        with self._routing(mb):
+            out = m(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
         return engine_logits(out.logits, mb.temperature, self.vocab_columns[mb.vocabulary])
+
+    def _routing(self, mb: MicroBatch) -> contextlib.AbstractContextManager:
+        """Replay `mb`'s recorded routing in the forward inside (nothing without replay)."""
+        if self.replay is None:
+            return contextlib.nullcontext()
+        return self.replay.replaying(mb.routed_experts)
 
     def _aux_log_probs(self, mb: MicroBatch) -> tuple[Tensor | None, Tensor | None]:
         cfg = self.loss_cfg
@@ -147,6 +162,7 @@ def to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
         temperature=mb.temperature.to(device),
         vocabulary=mb.vocabulary,
         teacher_log_probs=None if mb.teacher_log_probs is None else mb.teacher_log_probs.to(device),
+        routed_experts=mb.routed_experts,  # read layer by layer, moved then (`routing_replay`)
     )
 
 

@@ -14,6 +14,7 @@ cancellation and error mapping are this module's, whatever the transport.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -68,6 +69,9 @@ class GenerationResult:
     top_logprobs: list[list[tuple[float, int]]] | None = None
     # SGLang may report that the weights changed mid-generation: (version, start, end) over output_ids.
     version_spans: list[tuple[str, int, int]] = field(default_factory=list)
+    # SGLang's `routed_experts` decoded: the flat int32 expert ids of the positions from the
+    # request's `routed_experts_start_len` (C order [rows, layers, top_k]). None: not reported.
+    routed_experts: np.ndarray | None = None
 
     @property
     def finish_type(self) -> str:
@@ -90,11 +94,23 @@ class ModelBackend(Protocol):
     """What the gateway needs from an engine: generate from token ids, stream, abort, describe."""
 
     async def generate(
-        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
+        self,
+        input_ids: Sequence[int] | np.ndarray,
+        sampling: dict[str, Any],
+        *,
+        rid: str,
+        routing_key: str,
+        routed_from: int | None = None,
     ) -> GenerationResult: ...
 
     def stream(
-        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
+        self,
+        input_ids: Sequence[int] | np.ndarray,
+        sampling: dict[str, Any],
+        *,
+        rid: str,
+        routing_key: str,
+        routed_from: int | None = None,
     ) -> AsyncIterator[StreamUpdate]: ...
 
     async def abort(self, rid: str) -> None: ...
@@ -128,7 +144,21 @@ def _parse_result(doc: dict[str, Any], rid: str, top_logprobs_num: int) -> Gener
         cached_tokens=int(meta.get("cached_tokens", 0)),
         top_logprobs=top,
         version_spans=spans,
+        routed_experts=_routed_experts(meta.get("routed_experts")),
     )
+
+
+def _routed_experts(encoded: Any) -> np.ndarray | None:
+    """SGLang's base64 of little-endian int32 expert ids, decoded (None when absent or malformed)."""
+    if not isinstance(encoded, str):
+        return None
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        return None
+    if len(raw) % 4:
+        return None
+    return np.frombuffer(raw, dtype="<i4")
 
 
 def _error_message(body: bytes) -> str:
@@ -191,10 +221,13 @@ class SGLangBackend:
         rid: str,
         stream: bool,
         key: str,
+        routed_from: int | None = None,
     ) -> tuple[bytes, int]:
         """The `/generate` body, and the top-logprobs count (a request field, not a sampling one).
 
         The ids of a session's turn reuse the JSON text of its last turn's ids (`ids_json.py`).
+        `routed_from`: ask for the routed experts of the positions from there (SGLang answers only
+        when launched with `--enable-return-routed-experts`; the embedded engine for MoE models).
         """
         sampling = dict(sampling)
         top_n = int(sampling.pop("top_logprobs_num", 0) or 0)
@@ -206,6 +239,9 @@ class SGLangBackend:
         }
         if top_n:
             rest["top_logprobs_num"] = top_n
+        if routed_from is not None:
+            rest["return_routed_experts"] = True
+            rest["routed_experts_start_len"] = routed_from
         if isinstance(input_ids, np.ndarray) and input_ids.dtype == np.int32 and input_ids.ndim == 1:
             ids = self._ids_json.encode(key, np.ascontiguousarray(input_ids))
         else:
@@ -263,10 +299,16 @@ class SGLangBackend:
             return orjson.loads(await reply.read())
 
     async def generate(
-        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
+        self,
+        input_ids: Sequence[int] | np.ndarray,
+        sampling: dict[str, Any],
+        *,
+        rid: str,
+        routing_key: str,
+        routed_from: int | None = None,
     ) -> GenerationResult:
         """Generate from `input_ids` and return the sampled ids and their logprobs."""
-        payload, top_n = self._payload(input_ids, sampling, rid, False, routing_key)
+        payload, top_n = self._payload(input_ids, sampling, rid, False, routing_key, routed_from)
         try:
             reply = await self._post("/generate", payload, routing_key)
             with _upstream_errors(self.base_url):
@@ -282,14 +324,20 @@ class SGLangBackend:
         return result
 
     async def stream(
-        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
+        self,
+        input_ids: Sequence[int] | np.ndarray,
+        sampling: dict[str, Any],
+        *,
+        rid: str,
+        routing_key: str,
+        routed_from: int | None = None,
     ) -> AsyncIterator[StreamUpdate]:
         """Stream a generation: yields new ids as the engine produces them, then the result.
 
         Reads SGLang's cumulative chunks (0.5.2x) and delta `output_ids` (0.5.5) alike: the ids
         come from the cumulative `output_token_logprobs`, which both versions send.
         """
-        payload, top_n = self._payload(input_ids, sampling, rid, True, routing_key)
+        payload, top_n = self._payload(input_ids, sampling, rid, True, routing_key, routed_from)
         seen = 0
         done = False
         try:

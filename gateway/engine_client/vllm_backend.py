@@ -169,9 +169,19 @@ class VLLMBackend(SGLangBackend):
         return b"".join((b'{"token_ids":', ids, b",", orjson.dumps(body)[1:])), sp, sp["logprobs"]
 
     async def generate(
-        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
+        self,
+        input_ids: Sequence[int] | np.ndarray,
+        sampling: dict[str, Any],
+        *,
+        rid: str,
+        routing_key: str,
+        routed_from: int | None = None,
     ) -> GenerationResult:
-        """Generate from `input_ids` and return the sampled ids and their logprobs."""
+        """Generate from `input_ids` and return the sampled ids and their logprobs.
+
+        `routed_from` is taken and not sent: vLLM's token-in route has no routed-experts field,
+        so a MoE turn served by vLLM is recorded without routing (no routing replay for it).
+        """
         payload, sp, top_n = self._vllm_payload(input_ids, sampling, rid, False)
         try:
             reply = await self._post(GENERATE, payload, routing_key)
@@ -191,7 +201,13 @@ class VLLMBackend(SGLangBackend):
         return result
 
     async def stream(
-        self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], *, rid: str, routing_key: str
+        self,
+        input_ids: Sequence[int] | np.ndarray,
+        sampling: dict[str, Any],
+        *,
+        rid: str,
+        routing_key: str,
+        routed_from: int | None = None,
     ) -> AsyncIterator[StreamUpdate]:
         """Stream a generation: vLLM's chunks carry the new ids and logprobs (deltas); the last
         one carries the finish reason and the weight-version spans."""

@@ -315,6 +315,10 @@ class Segment:
     conversation: int = 0  # the index of the conversation it belongs to
     # Sample metadata gathered at commit: echo_matches, echo_edits, replaced_turns, agent_sampling.
     notes: dict[str, list[Any]] = field(default_factory=dict)
+    # MoE routing of positions [0, routed_rows), in commit order (`TurnCommit.routed_experts`);
+    # None once a turn came without it: the segment's sample then carries none.
+    routed: list[np.ndarray] | None = field(default_factory=list)
+    routed_rows: int = 0
 
     def note(self, key: str, value: Any) -> None:
         """Add `value` to the metadata list `key` (once)."""
@@ -364,6 +368,16 @@ class TurnCommit:
     # a replayed turn has these, not the messages); set, it stands in for `new_messages`.
     records: list[tuple[str, int]] | None = None
     history: tuple[int, int, int] | None = None  # the request's `history_print`
+    # MoE: the experts the engine routed each fed position to, [rows, layers, top_k], for the
+    # positions after the segment's routed ones through the last fed token: the segment's last
+    # token (if any) + `prompt_ids` + `output_ids` but the last (`routed_from`). None: not reported.
+    routed_experts: np.ndarray | None = None
+
+
+def routed_from(input_len: int, increment_len: int) -> int:
+    """The first position whose routing a turn asks the engine for: the segment's tokens before the
+    increment are routed already but for the last one (a sampled token is never fed forward)."""
+    return max(0, input_len - increment_len - 1)
 
 
 def check_sampled(output_ids: Sequence[int], logprobs: Sequence[float]) -> None:
@@ -541,6 +555,7 @@ class Ledger:
         del seg.records[last.records_before :]
         del seg.versions[last.versions_before :]
         seg.history = None
+        _truncate_routing(seg, max(0, last.prompt_start - 1))
         return last
 
     def focus(self, conversation: int) -> Segment:
@@ -596,6 +611,7 @@ class Ledger:
                 seg.versions[-1][2] = start + e
             else:
                 seg.versions.append([version, start + s, start + e])
+        _append_routing(seg, turn.routed_experts)
         records = turn.records
         if records is None:
             records = [(m.get("role", ""), message_digest(m)) for m in turn.new_messages or ()]
@@ -684,9 +700,36 @@ class Ledger:
                 group_index=group_index,
                 weight_versions=spans,
                 metadata=meta,
+                rollout_routed_experts=_segment_routing(seg),
             )
             out.append((index, sample, ""))
         return out
+
+
+def _append_routing(seg: Segment, rows: np.ndarray | None) -> None:
+    """Append a committed turn's routing (`seg.ids` already extended); a turn without it, or with
+    rows that do not continue where the segment's end, leaves the segment without routing."""
+    if seg.routed is None:
+        return
+    if rows is None or seg.routed_rows + len(rows) != len(seg.ids) - 1:
+        if rows is not None or seg.routed:
+            seg.note("routed_experts_lost", {"turn": len(seg.turns)})
+        seg.routed, seg.routed_rows = None, 0
+        return
+    seg.routed.append(rows)
+    seg.routed_rows += len(rows)
+
+
+def _truncate_routing(seg: Segment, rows: int) -> None:
+    if seg.routed and rows < seg.routed_rows:
+        seg.routed = [np.concatenate(seg.routed)[:rows]]
+        seg.routed_rows = rows
+
+
+def _segment_routing(seg: Segment) -> np.ndarray | None:
+    if not seg.routed or seg.routed_rows != len(seg.ids) - 1:
+        return None
+    return np.concatenate(seg.routed)
 
 
 _SYSTEM_ROLES = ("system", "developer")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgw.gateway.ledger.ledger import TurnCommit
+from rlgw.gateway.sample import routing_from_json, routing_to_json
 
 
 @dataclass(slots=True)
@@ -78,6 +79,8 @@ class TurnRecord:
                 "history": c.history,
             },
         )
+        if c.routed_experts is not None:  # a MoE turn's; a dense model's rows stay as they were
+            row["commit"]["routed_experts"] = routing_to_json(c.routed_experts)
         return row
 
     @classmethod
@@ -93,6 +96,7 @@ class TurnRecord:
                     "calls": tuple(tuple(c) for c in spec["calls"]),
                     "version_spans": [tuple(v) for v in spec["version_spans"]],
                     "history": tuple(spec["history"]) if spec.get("history") else None,
+                    "routed_experts": routing_from_json(spec.get("routed_experts")),
                 }
             )
         segment = row.get("segment")

@@ -16,6 +16,7 @@ from rlgw.gateway.model.fast_tokenizer import select_encoder
 from rlgw.gateway.model.render import ChatRenderer, TemplateConfig, read_chat_template
 from rlgw.gateway.parsing.reasoning import THINK_END, detect_reasoning
 from rlgw.gateway.parsing.tool_calls import detect_tool_format, normalize_tool_format
+from rlgw.gateway.sample import RoutingShape
 
 
 @dataclass
@@ -37,6 +38,9 @@ class ModelProfile:
     # as Codex send no `max_output_tokens`, and a turn must not generate to the end of the context.
     # None: the rest of the context.
     default_max_tokens: int | None = None
+    # A mixture of experts (from the checkpoint's config.json): every recorded turn asks the engine
+    # for its routed experts. None: a dense model, or no config.json beside the tokenizer.
+    routing: RoutingShape | None = None
     # The model's `config.vocab_size`: the rows of its embedding and output layer, often padded past
     # the tokenizer's ids (to a multiple of 64 or 128). None: no config was readable.
     model_vocab: int | None = None
@@ -75,6 +79,29 @@ def _model_vocab(info: dict[str, Any], tokenizer_dir: Path) -> int | None:
         value = doc.get("vocab_size") or (doc.get("text_config") or {}).get("vocab_size")
         if isinstance(value, int) and value > 0:
             return value
+    return None
+
+
+def routing_shape(info: dict[str, Any], tokenizer_dir: Path) -> RoutingShape | None:
+    """The routing of a MoE model from its local config.json (the engine's model path, else the
+    tokenizer's directory), or None for a dense one or no config.
+
+    Qwen3-MoE and Mixtral name their experts `num_experts` / `num_local_experts`, DeepSeek
+    `n_routed_experts`; all count `num_experts_per_tok` and route in `num_hidden_layers` rows (a
+    dense layer's row is zeros, as SGLang returns it).
+    """
+    for where in (info.get("model_path"), tokenizer_dir):
+        cfg_file = Path(str(where)) / "config.json" if where else None
+        if cfg_file is None or not cfg_file.is_file():
+            continue
+        doc = json.loads(cfg_file.read_text())
+        cfg = doc.get("text_config") or doc
+        names = ("num_experts", "n_routed_experts", "num_local_experts")
+        experts = next((cfg[k] for k in names if cfg.get(k)), 0)
+        top_k = cfg.get("num_experts_per_tok") or 0
+        if not experts or not top_k:
+            return None
+        return RoutingShape(layers=int(cfg["num_hidden_layers"]), top_k=int(top_k), experts=int(experts))
     return None
 
 
@@ -124,4 +151,5 @@ def build_profile(
         think_end_id=_single_token(tok, THINK_END) if reasoning else None,
         tool_parser_explicit=tool_parser != "auto",
         model_vocab=_model_vocab(info, Path(str(tok_path))),
+        routing=routing_shape(info, Path(str(tok_path))),
     )

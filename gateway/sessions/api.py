@@ -184,5 +184,6 @@ async def finish_session(
         journal=state.sessions.journal,
         vocab_size=state.vocab_size,
         outcome=Outcome(body.reward, body.status, body.termination_reason, body.metadata),
+        routing=state.profile.routing,
     )
     return json_response(200, summary)

@@ -25,7 +25,7 @@ from rlgw.gateway import metrics
 from rlgw.gateway.engine_client.backend import ModelBackend
 from rlgw.gateway.errors import RolloutStored
 from rlgw.gateway.ledger.ledger import Segment
-from rlgw.gateway.sample import RejectReason, SampleRejected, SampleStatus, validate_sample
+from rlgw.gateway.sample import RejectReason, RoutingShape, SampleRejected, SampleStatus, validate_sample
 from rlgw.gateway.sessions.journals import Journal
 from rlgw.gateway.sessions.table import Session
 from rlgw.gateway.trajectories.backends import Store
@@ -70,8 +70,12 @@ async def finish(
     journal: Journal | None,
     vocab_size: int,
     outcome: Outcome,
+    routing: RoutingShape | None = None,
 ) -> dict[str, Any]:
-    """Validate the ledger, store the accepted samples, and return the finish summary."""
+    """Validate the ledger, store the accepted samples, and return the finish summary.
+
+    `routing`: the served MoE model's, which every sample's routed experts must fit.
+    """
     if session.finished:
         return session.summary
     # From here on no new turn starts (one waiting on the lock is refused with 409); a turn that
@@ -94,7 +98,9 @@ async def finish(
             # How to reproduce the engine's logprobs, whether its seeds hold (gateway/engine_semantics.py).
             semantics = getattr(backend, "semantics", None)
             engine = semantics.to_metadata() if semantics is not None else None
-            summary = await store_samples(session, outcome, store=store, vocab_size=vocab_size, engine=engine)
+            summary = await store_samples(
+                session, outcome, store=store, vocab_size=vocab_size, engine=engine, routing=routing
+            )
         except RolloutTaken as taken:
             # Another live attempt of this rollout stored it first: this one's samples would be the
             # rollout a second time. Nothing was stored; the caller gets the stored run (409).
@@ -132,6 +138,7 @@ async def store_samples(
     store: Store,
     vocab_size: int,
     engine: dict[str, Any] | None = None,
+    routing: RoutingShape | None = None,
 ) -> dict[str, Any]:
     """Build the session's samples, validate them, commit the accepted ones to `store` (one
     transaction) and return the finish summary; rejected segments are listed with their reason."""
@@ -213,7 +220,7 @@ async def store_samples(
             summary["rejects"].append({"segment": index, "reason": str(RejectReason.EMPTY), "detail": why})
             continue
         try:
-            validate_sample(sample, vocab_size=vocab_size)
+            validate_sample(sample, vocab_size=vocab_size, routing=routing)
         except SampleRejected as exc:
             reject = {"segment": index, "reason": str(exc.reason), "detail": exc.detail}
             if exc.reason is RejectReason.BAD_TOKEN:

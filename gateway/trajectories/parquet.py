@@ -45,6 +45,8 @@ def schema() -> pa.Schema:
             ("teacher_log_probs", pa.list_(pa.float32())),
             ("teacher_topk_indices", pa.list_(pa.list_(pa.int32()))),
             ("teacher_topk_logprobs", pa.list_(pa.list_(pa.float32()))),
+            # MoE: per token (all but the last) its layers x top_k expert ids, layer-major.
+            ("rollout_routed_experts", pa.list_(pa.list_(pa.int16()))),
         ]
     )
 
@@ -108,5 +110,8 @@ def record_batch(batch: list[StoredSample]) -> pa.RecordBatch:
         if field.name in columns:
             arrays.append(pa.array(columns[field.name], field.type))
         else:
-            arrays.append(_list_column([getattr(x, field.name) for x in smp], field.type))
+            values = [getattr(x, field.name) for x in smp]
+            if field.name == "rollout_routed_experts":  # [tokens, layers, top_k] -> one row per token
+                values = [None if v is None else v.reshape(len(v), -1) for v in values]
+            arrays.append(_list_column(values, field.type))
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)

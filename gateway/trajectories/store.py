@@ -45,13 +45,14 @@ ZSTD_LEVEL = 3
 # matters when another process writes the same file.
 CROSS_PROCESS_POLL_S = 1.0
 
-_ARRAY_FIELDS: dict[str, np.dtype] = {
+_ARRAY_FIELDS: dict[str, np.dtype | None] = {
     "tokens": np.dtype("<i4"),
     "loss_mask": np.dtype("u1"),
     "rollout_log_probs": np.dtype("<f4"),
     "teacher_log_probs": np.dtype("<f4"),
     "teacher_topk_indices": np.dtype("<i4"),
     "teacher_topk_logprobs": np.dtype("<f4"),
+    "rollout_routed_experts": None,  # its own: uint8, or int16 past 256 experts (`compact_routing`)
 }
 
 _SCHEMA = """
@@ -233,8 +234,8 @@ def encode_arrays(sample: Sample) -> bytes:
         value = getattr(sample, name)
         if value is None:
             continue
-        arr = np.ascontiguousarray(value, dtype=dtype)
-        manifest.append([name, dtype.str, list(arr.shape)])
+        arr = np.ascontiguousarray(value, dtype=dtype)  # None: the array's own dtype
+        manifest.append([name, arr.dtype.str, list(arr.shape)])
         parts.append(arr.tobytes())
     head = orjson.dumps(manifest)
     raw = b"".join([len(head).to_bytes(4, "little"), head, *parts])
@@ -310,6 +311,7 @@ def stored_from_row(row: tuple[Any, ...]) -> StoredSample:
         teacher_log_probs=arr.get("teacher_log_probs"),
         teacher_topk_indices=arr.get("teacher_topk_indices"),
         teacher_topk_logprobs=arr.get("teacher_topk_logprobs"),
+        rollout_routed_experts=arr.get("rollout_routed_experts"),
     )
     return StoredSample(cursor, tenant, session_id, task_id, segment, created_at, sample)
 

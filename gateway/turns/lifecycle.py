@@ -41,9 +41,18 @@ from rlgw.gateway import metrics
 from rlgw.gateway.engine_client.backend import GenerationResult, new_rid
 from rlgw.gateway.errors import Conflict, ContextLengthExceeded, SessionMoved
 from rlgw.gateway.ids import derived_seed
-from rlgw.gateway.ledger.ledger import Cause, Policy, TurnCommit, Violation, check_sampled, message_digest
+from rlgw.gateway.ledger.ledger import (
+    Cause,
+    Policy,
+    TurnCommit,
+    Violation,
+    check_sampled,
+    message_digest,
+    routed_from,
+)
 from rlgw.gateway.ledger.record import TurnRecord
 from rlgw.gateway.model.profile import ModelProfile
+from rlgw.gateway.sample import compact_routing
 from rlgw.gateway.sessions.replay import apply_record
 from rlgw.gateway.sessions.table import Session
 from rlgw.gateway.tenancy.limits import turn_generated, turn_slot
@@ -79,6 +88,31 @@ class Plan:
     # that opens one names its index (the next) and its `parent`, with `segment` new_conversation.
     conversation: int | None = None
     parent: int | None = None
+
+
+def routed_start(profile: ModelProfile, plan: Plan) -> int | None:
+    """Where the engine's routed experts for this turn should start (None: do not ask).
+
+    Asked on every recorded turn of a MoE model, for the positions the segment has no routing for
+    yet (`ledger.routed_from`): what the trainer replays, prompt and tool tokens included, at the
+    cost of one increment's rows per turn and no re-sent history.
+    """
+    if profile.routing is None or not plan.recorded:
+        return None
+    return routed_from(len(plan.input_ids), len(plan.increment))
+
+
+def turn_routing(profile: ModelProfile, plan: Plan, result: GenerationResult) -> np.ndarray | None:
+    """The turn's routed experts as the ledger keeps them: [rows, layers, top_k], uint8 up to 256
+    experts (`compact_routing`). None when the engine sent none or a count that does not fit."""
+    shape, flat = profile.routing, result.routed_experts
+    if shape is None or flat is None:
+        return None
+    start = routed_start(profile, plan) or 0
+    rows = len(plan.input_ids) + len(result.output_ids) - 1 - start
+    if rows < 0 or flat.size != rows * shape.layers * shape.top_k:
+        return None
+    return compact_routing(flat.reshape(rows, shape.layers, shape.top_k))
 
 
 def new_records(plan: Plan) -> list[tuple[str, int]] | None:
@@ -358,6 +392,7 @@ async def commit(
             tools=plan.tools,
             calls=outcome.calls,
             history=plan.history,
+            routed_experts=turn_routing(profile, plan, result),
         )
     if session.journal is not None and ledger is not None:
         try:

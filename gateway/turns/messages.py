@@ -45,6 +45,7 @@ from rlgw.gateway.turns.lifecycle import (
     duplicate_cause,
     engine_sampling,
     new_records,
+    routed_start,
     turn_scope,
 )
 
@@ -424,7 +425,13 @@ async def run_chat(
         plan, sampling, overridden = _prepare(profile, session, turn, params)
         early = _WhileGenerating(profile, params, plan)
         asyncio.get_running_loop().call_soon(early.run)
-        result = await backend.generate(plan.input_ids, sampling, rid=turn.rid, routing_key=session.id)
+        result = await backend.generate(
+            plan.input_ids,
+            sampling,
+            rid=turn.rid,
+            routing_key=session.id,
+            routed_from=routed_start(profile, plan),
+        )
         decoder = early.decoder or TurnDecoder(profile, params, plan)
         decoder.feed(result.output_ids)
         decoder.close(result)
@@ -469,7 +476,13 @@ async def stream_chat(
         call_ids: list[str] = []
         pending: list[TokenLogprob] = []
         created = int(time.time())
-        updates = backend.stream(plan.input_ids, sampling, rid=turn.rid, routing_key=session.id)
+        updates = backend.stream(
+            plan.input_ids,
+            sampling,
+            rid=turn.rid,
+            routing_key=session.id,
+            routed_from=routed_start(profile, plan),
+        )
         # The head goes out only once the engine has answered (`first_answer`).
         try:
             answered = await first_answer(updates)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,28 +20,11 @@ from rlgw.gateway.sessions import journal as journal_module
 from rlgw.gateway.sessions.journal import SessionJournal
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stored, tool_result
-from tests.support.procs import engine_server, free_port, wait_healthy
+from tests.support.gateway_proc import gateway_on_port as gateway
+from tests.support.procs import engine_server, free_port
 from tests.support.recording_proxy import recording_proxy
 
 KW = {"enable_thinking": False}
-
-
-@contextlib.contextmanager
-def gateway(engine: str, data: Path, port: int) -> Iterator[subprocess.Popen]:
-    """`rlgw serve` as a process the test may kill -9; terminated at the end if still alive."""
-    args = ["serve", "--engine-url", engine, "--port", str(port), "--data-dir", str(data)]
-    log = open(data / f"gateway-{port}.log", "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlgw.bin.main", *args], stdout=log, stderr=subprocess.STDOUT, env=os.environ
-    )
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", proc)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=15)
-        log.close()
 
 
 @pytest.fixture(scope="module")

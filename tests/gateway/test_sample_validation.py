@@ -16,6 +16,7 @@ import pytest
 
 from rlgw.gateway.sample import (
     RejectReason,
+    RoutingShape,
     Sample,
     SampleRejected,
     SampleStatus,
@@ -225,5 +226,41 @@ def test_every_reason_that_validate_sample_gives_has_a_test_here() -> None:
         RejectReason.BAD_TOKEN,
         RejectReason.VERSION_SPANS,
         RejectReason.BAD_REWARD,
+        RejectReason.BAD_ROUTING,
     }
     assert set(RejectReason) - tested == {RejectReason.CAPTURE_INVALID}
+
+
+MOE = RoutingShape(layers=3, top_k=2, experts=8)
+
+
+def routed(rows: int = len(PROMPT) + len(RESPONSE) - 1, shape: tuple[int, ...] = (3, 2)) -> np.ndarray:
+    return (np.arange(rows * int(np.prod(shape))) % MOE.experts).astype(np.uint8).reshape(rows, *shape)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        routed(rows=len(PROMPT) + len(RESPONSE)),  # a row for the last token, which is never fed
+        routed(shape=(2, 2)),  # a layer short
+        routed(shape=(3, 3)),  # top-3 of a top-2 model
+        routed().reshape(-1, 6),  # not [tokens, layers, top_k]
+        np.where(routed() == 0, MOE.experts, routed()).astype(np.uint8),  # expert 8 of 0..7
+        routed().astype(np.int16) - 1,  # a negative id
+    ],
+    ids=["rows", "layers", "top_k", "rank", "expert-range", "negative"],
+)
+def test_routed_experts_that_do_not_fit_the_model_are_refused(bad: np.ndarray) -> None:
+    validate_sample(sample(rollout_routed_experts=routed()), VOCAB, MOE)
+    with pytest.raises(SampleRejected) as err:
+        validate_sample(sample(rollout_routed_experts=bad), VOCAB, MOE)
+    assert err.value.reason is RejectReason.BAD_ROUTING
+
+
+def test_routed_experts_round_trip_compact() -> None:
+    s = sample(rollout_routed_experts=routed())
+    back = Sample.from_dict(s.to_dict())
+    assert back.rollout_routed_experts.dtype == np.uint8
+    assert np.array_equal(back.rollout_routed_experts, s.rollout_routed_experts)
+    wide = sample(rollout_routed_experts=routed().astype(np.int16) + 250)  # ids past 255
+    assert Sample.from_dict(wide.to_dict()).rollout_routed_experts.dtype == np.int16

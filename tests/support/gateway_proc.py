@@ -73,3 +73,22 @@ def gateways(
     finally:
         for gw in started:
             _stop(gw)
+
+
+@contextlib.contextmanager
+def gateway_on_port(engine: str, data: Path, port: int) -> Iterator[subprocess.Popen]:
+    """`rlgw serve` on `port` with its data dir `data`, as a process the test may kill -9 and start
+    again on the same port and data (an agent's base URL stays valid); terminated at the end if alive."""
+    args = ["serve", "--engine-url", engine, "--port", str(port), "--data-dir", str(data)]
+    log = open(data / f"gateway-{port}.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlgw.bin.main", *args], stdout=log, stderr=subprocess.STDOUT, env=os.environ
+    )
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=15)
+        log.close()

@@ -71,3 +71,81 @@ def tiny_qwen3_moe(out: Path, *, seed: int = 0, mlp_only_layers: tuple[int, ...]
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(FIXTURES / "tiny-qwen3" / name, out / name)
     return out
+
+
+def near_tie_qwen3_moe(out: Path, *, seed: int = 0, tie: float = 1e-7, layers: int = 2) -> Path:
+    """A random-init Qwen3-MoE whose routers' choices hang on ties: 8 experts in 4 pairs, top-3, and
+    the two router rows of a pair `tie` apart (relative). A token's third slot goes to one of a pair
+    whose logits differ by about `tie`, so the rounding differences between the engine's cached,
+    one-token-at-a-time forward and the trainer's whole-sequence one decide which expert it takes,
+    and the pair's experts (independent weights) give different outputs. Built deterministically."""
+    import shutil
+
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from tests.support.procs import FIXTURES
+
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(
+        vocab_size=4096, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=8, num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=True,
+        max_position_embeddings=8192, rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
+        bos_token_id=4000, eos_token_id=4002, pad_token_id=4000,
+    )  # fmt: skip
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            w = layer.mlp.gate.weight
+            w.normal_(0, 1.0)
+            w[1::2] = w[0::2] * (1 + tie * torch.randn_like(w[0::2]))
+            # The experts' outputs dominate the residual stream: a different expert moves the logits.
+            layer.mlp.experts.down_proj.mul_(8)
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIXTURES / "tiny-qwen3" / name, out / name)
+    return out
+
+
+def upcycled_tiny_moe(out: Path, *, seed: int = 0, tie: float = 1e-7, spread: float = 0.3) -> Path:
+    """tiny-qwen3 upcycled into a Qwen3-MoE with near-tie routers: each layer's MLP copied into 8
+    experts, each copy's weights scaled by (1 + `spread` * noise), and the routers of
+    `near_tie_qwen3_moe` (4 pairs `tie` apart, top-3). It answers as tiny-qwen3 does (so the word
+    task learns), while which copy of a pair a token takes hangs on rounding."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from tests.support.procs import FIXTURES
+
+    torch.manual_seed(seed)
+    dense = AutoModelForCausalLM.from_pretrained(FIXTURES / "tiny-qwen3", dtype=torch.float32)
+    cfg = dense.config
+    config = Qwen3MoeConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        moe_intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True,
+        tie_word_embeddings=True, max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters=dict(cfg.rope_parameters), rms_norm_eps=cfg.rms_norm_eps,
+        bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
+    )  # fmt: skip
+    moe = Qwen3MoeForCausalLM(config)
+    own = dense.state_dict()
+    moe.load_state_dict({k: v for k, v in own.items() if ".mlp." not in k}, strict=False)
+    with torch.no_grad():
+        for layer, src in zip(moe.model.layers, dense.model.layers, strict=True):
+            mlp, experts = src.mlp, layer.mlp.experts
+            gate_up, down = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight
+            for e in range(config.num_experts):
+                experts.gate_up_proj[e] = gate_up * (1 + spread * torch.randn_like(gate_up))
+                experts.down_proj[e] = down * (1 + spread * torch.randn_like(down))
+            w = layer.mlp.gate.weight
+            w.normal_(0, 1.0)
+            w[1::2] = w[0::2] * (1 + tie * torch.randn_like(w[0::2]))
+    moe.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(FIXTURES / "tiny-qwen3" / name, out / name)
+    return out

@@ -29,7 +29,16 @@ from rlgw.gateway.parsing.detokenize import IncrementalDetokenizer, StopTrimmer
 from rlgw.gateway.serving.flow import Surface
 from rlgw.gateway.serving.routing import EVENT_HEADER
 from rlgw.gateway.sessions.table import Session
-from rlgw.gateway.turns.lifecycle import Outcome, Plan, Turn, commit, decide, engine_sampling, turn_scope
+from rlgw.gateway.turns.lifecycle import (
+    Outcome,
+    Plan,
+    Turn,
+    commit,
+    decide,
+    engine_sampling,
+    routed_start,
+    turn_scope,
+)
 from rlgw.gateway.turns.messages import token_logprobs
 
 router = APIRouter()
@@ -236,7 +245,11 @@ class Completions(Surface[CompletionCall]):
         async with turn_scope(session, arrived=call.arrived) as turn:
             plan, sampling, overridden = call.prepare(profile, session)
             result = await state.backend.generate(
-                plan.input_ids, sampling, rid=turn.rid, routing_key=session.id
+                plan.input_ids,
+                sampling,
+                rid=turn.rid,
+                routing_key=session.id,
+                routed_from=routed_start(profile, plan),
             )
             trim = StopTrimmer(call.stops)
             text = trim.feed(profile.tokenizer.decode(result.output_ids, skip_special_tokens=True))
@@ -267,7 +280,13 @@ class Completions(Surface[CompletionCall]):
             trim = StopTrimmer(call.stops)
             text = ""
             updates = await first_answer(
-                state.backend.stream(plan.input_ids, sampling, rid=turn.rid, routing_key=session.id)
+                state.backend.stream(
+                    plan.input_ids,
+                    sampling,
+                    rid=turn.rid,
+                    routing_key=session.id,
+                    routed_from=routed_start(profile, plan),
+                )
             )
             yield call.doc(profile, {"index": 0, "text": "", "logprobs": None, "finish_reason": None})
             result: GenerationResult | None = None

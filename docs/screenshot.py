@@ -23,7 +23,7 @@ import openai
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.gateway import browser  # noqa: E402
+from tests.support import browser  # noqa: E402
 from tests.support import fixture_prompts as fp  # noqa: E402
 from tests.support.procs import FIXTURES, free_port, rlgw_process  # noqa: E402
 

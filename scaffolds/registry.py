@@ -7,6 +7,7 @@ from typing import Any
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
 from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.mini import MiniScaffold
+from rlgw.scaffolds.mini_swe_agent import MiniSweAgentScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.openhands import OpenHandsScaffold
 from rlgw.scaffolds.pi import PiScaffold
@@ -23,6 +24,7 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     OpencodeScaffold.name: OpencodeScaffold,
     QwenCodeScaffold.name: QwenCodeScaffold,
     PiScaffold.name: PiScaffold,
+    MiniSweAgentScaffold.name: MiniSweAgentScaffold,
 }
 
 

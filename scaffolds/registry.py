@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlgw.scaffolds.aider import AiderScaffold
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
 from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.mini import MiniScaffold
@@ -25,6 +26,7 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     QwenCodeScaffold.name: QwenCodeScaffold,
     PiScaffold.name: PiScaffold,
     MiniSweAgentScaffold.name: MiniSweAgentScaffold,
+    AiderScaffold.name: AiderScaffold,
 }
 
 

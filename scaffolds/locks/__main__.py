@@ -18,7 +18,6 @@ from pathlib import Path
 from rlgw.scaffolds.locks import LOCKS_DIR, PIN
 
 
-
 def make_lock(requirement: str, python: str, imports: list[str]) -> Path:
     """Resolve `requirement` in a new venv of `python`, import `imports`, write its freeze to a lock file."""
     m = PIN.match(requirement)

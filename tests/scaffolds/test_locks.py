@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from rlgw.scaffolds.aider import AiderScaffold
 from rlgw.scaffolds.locks import LOCKS_DIR, Lock, lock_for, normalize
 from rlgw.scaffolds.mini_swe_agent import MiniSweAgentScaffold
 from rlgw.scaffolds.openhands import DEFAULT_VERSIONS, DISTRIBUTIONS
@@ -24,14 +25,26 @@ from rlgw.scaffolds.terminus import Terminus2Scaffold
 
 LOCKS = [Lock(*p.stem.rsplit("-", 1)) for p in sorted(LOCKS_DIR.glob("*.txt"))]
 # Markers as pip evaluates them in the agents' venvs.
-ENVIRONMENT = {"python_version": "3.12", "python_full_version": "3.12.1", "sys_platform": "linux",
-               "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-               "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}  # fmt: skip
+ENVIRONMENT = {
+    "python_version": "3.12",
+    "python_full_version": "3.12.1",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+}
 
 
 def test_every_scaffold_release_has_a_lock_naming_it() -> None:
     releases = [(DISTRIBUTIONS[v], DEFAULT_VERSIONS[v]) for v in ("v0", "v1")]
-    releases += [("harbor", Terminus2Scaffold().harbor_version), ("mini-swe-agent", MiniSweAgentScaffold().version)]
+    releases += [
+        ("harbor", Terminus2Scaffold().harbor_version),
+        ("mini-swe-agent", MiniSweAgentScaffold().version),
+        ("aider-chat", AiderScaffold().version),
+    ]
     for distribution, version in releases:
         assert lock_for(distribution, version).pins()[normalize(distribution)] == version
 
@@ -62,7 +75,7 @@ async def dry_run(lock: Lock, report: Path) -> tuple[int, str]:
 
 
 def unmet(lock: Lock, report: dict) -> list[str]:
-    """Each dependency (of a pinned distribution, as its metadata says) the lock leaves out or pins outside it."""
+    """Each dependency of a pinned distribution (as its metadata says) that the lock leaves out or misses."""
     pins = lock.pins()
     missing = []
     for item in report["install"]:

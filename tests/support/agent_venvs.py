@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from rlgw.scaffolds.install import venv_marker
 from rlgw.scaffolds.locks import Lock
 
 READY = ".rlgw-ready"
@@ -89,7 +90,10 @@ def agent_venv(name: str, version: str, requirements: list[str], *, python: str 
 def locked_venv(name: str, lock: Lock, imports: Sequence[str], *, opt_in: bool = False) -> Path:
     """The ready venv of an agent's committed lock, installed as its scaffold does (`--no-deps -r`, imports).
 
-    The directory is named for the lock's digest, so a changed lock builds a new venv.
+    The directory is named for the lock's digest, so a changed lock builds a new venv; it carries the
+    scaffold's own marker for that lock, so the scaffold's install step finds it ready.
     """
     requirements = ["--no-deps", "-r", str(lock.path)]
-    return agent_venv(name, f"{lock.version}-{lock.digest()}", requirements, imports=imports, opt_in=opt_in)
+    venv = agent_venv(name, f"{lock.version}-{lock.digest()}", requirements, imports=imports, opt_in=opt_in)
+    Path(venv_marker(str(venv), lock.digest())).touch()
+    return venv

@@ -3,18 +3,24 @@
 Python agents that need another Python than the sandbox's (OpenHands and harbor need 3.12)
 live in their own virtual environment: the sandbox's Python of that version (on PATH, or
 among pyenv's versions) makes it with `venv`, and pip fills it from the package index pip is
-configured with. Node agents (Claude Code, Codex, opencode, qwen-code, pi) are npm packages
-installed into a prefix of their own. Each install is one shell command that does nothing when the
-environment already passes its check (a prepared image, or a venv or prefix cached between
-runs on a local sandbox), so a run pays for the install only once, and that fails with a
-message naming what is missing when the sandbox lacks the interpreter. Nothing is fetched
-from outside the registries (no installer scripts). This module knows nothing about
-sandboxes or any particular agent.
+configured with, with exactly the agent's committed lock (`scaffolds/locks/`: every
+distribution pinned, `--no-deps`), then imports the agent's entry modules before it marks
+the venv ready (a marker named for the lock's digest), so a set that installs but does not
+import fails the install, not every run after it. Node agents (Claude Code, Codex, opencode,
+qwen-code, pi) are npm packages installed into a prefix of their own. Each install is one
+shell command that does nothing when the environment is already there (a prepared image, or
+a venv or prefix cached between runs on a local sandbox), so a run pays for the install
+only once, and that fails with a message naming what is missing when the sandbox lacks the
+interpreter. Nothing is fetched from outside the registries (no installer scripts). This
+module knows nothing about sandboxes or any particular agent.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
+
+from rlgw.scaffolds.locks import Lock
 
 # Exit status of an install that cannot start because the sandbox lacks the interpreter.
 MISSING_RUNTIME = 3
@@ -43,19 +49,27 @@ def find_python(version: str) -> str:
     )
 
 
-def venv_install(venv: str, requirement: str, check: str, *, python: str = "3.12") -> str:
-    """A shell command: nothing if `check` passes, else a `python` venv at `venv` with `requirement` (pip)."""
+def venv_marker(venv: str, digest: str) -> str:
+    """The file whose presence says `venv` was filled from the lock with `digest` and imported."""
+    return f"{venv}/.rlgw-lock-{digest}"
+
+
+def venv_install(venv: str, lock: str, digest: str, imports: Sequence[str], *, python: str = "3.12") -> str:
+    """A shell command: nothing if `venv` holds the lock's marker, else fill it from the lock file at `lock`.
+
+    The venv is made with a `python` found by `find_python` if it does not exist yet; pip installs the
+    lock with `--no-deps` (the pinned set, nothing resolved), `imports` are imported, and only then is the
+    marker for `digest` (`venv_marker`) written.
+    """
     v = shlex.quote(venv)
+    marker = shlex.quote(venv_marker(venv, digest))
+    probe = "; ".join(f"import {m}" for m in imports) or "pass"
     return (
-        f"{check} >/dev/null 2>&1 || ({find_python(python)}; "
+        f"test -f {marker} || ({find_python(python)}; "
         f'(test -x {v}/bin/python || "$py" -m venv {v}) && '
-        f"{v}/bin/python -m pip install -q --disable-pip-version-check {shlex.quote(requirement)})"
+        f"{v}/bin/python -m pip install -q --disable-pip-version-check --no-deps -r {shlex.quote(lock)} && "
+        f"{v}/bin/python -c {shlex.quote(probe)} && touch {marker})"
     )
-
-
-def version_check(distribution: str, version: str) -> str:
-    """Python source that exits 0 only if `distribution` is installed at exactly `version`."""
-    return f"import importlib.metadata as m, sys; sys.exit(m.version({distribution!r}) != {version!r})"
 
 
 def npm_check(prefix: str, package: str, version: str) -> str:
@@ -80,3 +94,9 @@ def npm_install(prefix: str, package: str, version: str) -> str:
         f"mkdir -p {p} && npm install --prefix {p} --cache {p}/.npm-cache --no-save --no-audit --no-fund "
         f"--loglevel=error {shlex.quote(f'{package}@{version}')} && rm -rf {p}/.npm-cache)"
     )
+
+
+def lock_install(venv: str, lock: Lock, home: str, imports: Sequence[str]) -> tuple[dict[str, str], str]:
+    """The lock file to write under `home` (sandbox path -> text) and the command filling `venv` from it."""
+    path = f"{home}/{lock.path.name}"
+    return {path: lock.text()}, venv_install(venv, path, lock.digest(), imports)

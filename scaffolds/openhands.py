@@ -27,7 +27,8 @@ from typing import Any
 import orjson
 
 from rlgw.scaffolds.in_sandbox import IN_SANDBOX
-from rlgw.scaffolds.install import venv_install, version_check
+from rlgw.scaffolds.install import lock_install
+from rlgw.scaffolds.locks import lock_for
 from rlgw.scaffolds.openhands_events import (
     load_json_list,
     load_jsonl,
@@ -45,6 +46,11 @@ from rlgw.scaffolds.scaffold import (
 
 V1_LAUNCHER_SOURCE = IN_SANDBOX / "openhands_v1_launcher.py"
 DEFAULT_VERSIONS = {"v0": "0.59.0", "v1": "1.16.0"}
+DISTRIBUTIONS = {"v0": "openhands-ai", "v1": "openhands"}
+# What each version's entry imports, checked once its lock is installed (V0's local runtime drives its
+# shell in tmux through libtmux).
+IMPORTS = {"v0": ("openhands.core.main", "libtmux"),
+           "v1": ("openhands_cli.entrypoint", "openhands_cli.setup", "openhands.sdk")}  # fmt: skip
 # OpenAI sampling names -> V0's LLM config variables.
 _V0_SAMPLING_ENV = {
     "temperature": "LLM_TEMPERATURE",
@@ -105,8 +111,12 @@ class OpenHandsScaffold(InstalledScaffold):
             return "noop", False
         return self.condenser, self.history_truncation
 
+    def _install(self, ctx: ScaffoldContext) -> tuple[dict[str, str], str]:
+        lock = lock_for(DISTRIBUTIONS[self.version], self.openhands_version)
+        return lock_install(self.venv, lock, ctx.home, IMPORTS[self.version])
+
     def install_files(self, ctx: ScaffoldContext) -> dict[str, str]:
-        files = {f"{ctx.home}/instruction.md": ctx.task.instruction}
+        files = {f"{ctx.home}/instruction.md": ctx.task.instruction, **self._install(ctx)[0]}
         if self.version == "v1":
             files[f"{ctx.home}/v1_launcher.py"] = V1_LAUNCHER_SOURCE.read_text()
             return files
@@ -120,14 +130,9 @@ class OpenHandsScaffold(InstalledScaffold):
         return files
 
     def install_commands(self, ctx: ScaffoldContext) -> list[str]:
-        py = f"{shlex.quote(self.venv)}/bin/python"
-        dist = "openhands-ai" if self.version == "v0" else "openhands"
-        # The version, not an import: importing OpenHands costs many seconds on a busy machine.
-        check = f"{py} -c {shlex.quote(version_check(dist, self.openhands_version))}"
-        commands = [venv_install(self.venv, f"{dist}=={self.openhands_version}", check), check]
+        commands = [self._install(ctx)[1]]
         if self.version == "v0":
-            # V0's local runtime runs its shell in tmux through libtmux.
-            commands.append(f"tmux -V && {py} -c 'import libtmux'")
+            commands.insert(0, "tmux -V")  # V0's local runtime runs its shell in tmux
         return commands
 
     def run_command(self, ctx: ScaffoldContext) -> str:

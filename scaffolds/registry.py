@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlgw.scaffolds.aider import AiderScaffold
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
 from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
 from rlgw.scaffolds.mini import MiniScaffold
+from rlgw.scaffolds.mini_swe_agent import MiniSweAgentScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.openhands import OpenHandsScaffold
 from rlgw.scaffolds.pi import PiScaffold
@@ -25,6 +27,8 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     QwenCodeScaffold.name: QwenCodeScaffold,
     PiScaffold.name: PiScaffold,
     GeminiCliScaffold.name: GeminiCliScaffold,
+    MiniSweAgentScaffold.name: MiniSweAgentScaffold,
+    AiderScaffold.name: AiderScaffold,
 }
 
 

@@ -21,7 +21,8 @@ import shlex
 import orjson
 
 from rlgw.scaffolds.in_sandbox import IN_SANDBOX
-from rlgw.scaffolds.install import venv_install, version_check
+from rlgw.scaffolds.install import lock_install
+from rlgw.scaffolds.locks import lock_for
 from rlgw.scaffolds.scaffold import (
     CaptureConflictError,
     InstalledScaffold,
@@ -32,6 +33,8 @@ from rlgw.scaffolds.scaffold import (
 from rlgw.scaffolds.termination import TerminationReason
 
 LAUNCHER_SOURCE = IN_SANDBOX / "terminus_launcher.py"
+# What the launcher imports, checked once harbor's lock is installed.
+IMPORTS = ("harbor.agents.terminus_2.terminus_2", "harbor.environments.base", "harbor.models.agent.context")
 _CONTEXT = re.compile(r"ContextLengthExceededError|context length exceeded|context_length_exceeded", re.I)
 
 
@@ -57,21 +60,21 @@ class Terminus2Scaffold(InstalledScaffold):
             return False
         return True if self.enable_summarize is None else self.enable_summarize
 
+    def _install(self, ctx: ScaffoldContext) -> tuple[dict[str, str], str]:
+        return lock_install(self.venv, lock_for("harbor", self.harbor_version), ctx.home, IMPORTS)
+
     def install_files(self, ctx: ScaffoldContext) -> dict[str, str]:
         return {
             f"{ctx.home}/launcher.py": LAUNCHER_SOURCE.read_text(),
             f"{ctx.home}/instruction.md": ctx.task.instruction,
+            **self._install(ctx)[0],
         }
 
     def install_commands(self, ctx: ScaffoldContext) -> list[str]:
-        venv = shlex.quote(self.venv)
-        # The version, not an import: importing harbor costs seconds on a busy machine.
-        check = f"{venv}/bin/python -c {shlex.quote(version_check('harbor', self.harbor_version))}"
         return [
             "command -v tmux >/dev/null || (apt-get update -qq && "
             "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux)",
-            venv_install(self.venv, f"harbor=={self.harbor_version}", check),
-            check,
+            self._install(ctx)[1],
         ]
 
     def run_command(self, ctx: ScaffoldContext) -> str:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import engine_server, free_port, rlgw_process
+from tests.support.e2e import stack
+from tests.support.procs import FIXTURES, engine_server, free_port, rlgw_process
 
 CONTEXT = 32768
 
@@ -35,3 +36,13 @@ def real_gateway(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory):
         args = ["serve", "--engine-url", engine, "--port", str(port), "--data-dir", str(data)]
         with rlgw_process(args, "/health", port) as url:
             yield url
+
+
+@pytest.fixture(scope="session")
+def agent_stack(tmp_path_factory: pytest.TempPathFactory):
+    """Engine on tiny-agent, the recording proxy and `rlgw serve` (the CLIs' prompts need its 64k context)."""
+    model = FIXTURES / "tiny-agent"
+    if not (model / "model.safetensors").exists():
+        pytest.skip("tests/fixtures/tiny-agent is not built (python -m tests.fixtures.build_agent_fixture)")
+    with stack(model, tmp_path_factory.mktemp("cli-gw")) as st:
+        yield st

@@ -10,14 +10,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import shlex
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-from rlgw.scaffolds.install import MISSING_RUNTIME, find_python, npm_install, venv_install, version_check
+from rlgw.scaffolds.install import MISSING_RUNTIME, find_python, npm_install, venv_install, venv_marker
 
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -84,20 +83,32 @@ def wheel(tmp_path: Path, name: str, version: str) -> Path:
     return path
 
 
-def test_venv_install_builds_once_and_is_skipped_when_the_check_passes(tmp_path: Path) -> None:
+def test_venv_install_fills_from_the_lock_once_and_is_skipped_when_marked(tmp_path: Path) -> None:
     root, shims = fake_pyenv(tmp_path, "3.12.7")
     venv = tmp_path / "cache" / "agent-venv"
-    whl = wheel(tmp_path, "rlgwprobe", "1.2.3")
-    check = f"{venv}/bin/python -c {shlex.quote(version_check('rlgwprobe', '1.2.3'))}"
-    command = venv_install(str(venv), str(whl), check)
+    lock = tmp_path / "probe.txt"
+    lock.write_text(f"# a lock\n{wheel(tmp_path, 'rlgwprobe', '1.2.3')}\n")
+    command = venv_install(str(venv), str(lock), "d1", ["rlgwprobe"])
     env = {"path": f"{shims}:{SYSTEM_PATH}", "pyenv_root": root, "home": tmp_path / "home"}
     first = bash(command, **env)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert bash(check, **env).returncode == 0
-    # Installed: the second run does nothing (no interpreter needed, so none is searched for).
-    whl.unlink()
+    assert Path(venv_marker(str(venv), "d1")).exists()
+    assert bash(f"{venv}/bin/python -c 'import rlgwprobe'", **env).returncode == 0
+    # Marked: the second run does nothing (no interpreter, no lock needed, so none is searched for).
+    lock.unlink()
     second = bash(command, path=SYSTEM_PATH, home=tmp_path / "home")
     assert second.returncode == 0 and second.stderr == "", second.stderr
+
+
+def test_a_lock_that_installs_but_does_not_import_fails_the_install_unmarked(tmp_path: Path) -> None:
+    root, shims = fake_pyenv(tmp_path, "3.12.7")
+    venv = tmp_path / "agent-venv"
+    lock = tmp_path / "probe.txt"
+    lock.write_text(f"{wheel(tmp_path, 'rlgwprobe', '1.2.3')}\n")
+    env = {"path": f"{shims}:{SYSTEM_PATH}", "pyenv_root": root, "home": tmp_path / "home"}
+    done = bash(venv_install(str(venv), str(lock), "d2", ["rlgwprobe", "rlgw_absent_module"]), **env)
+    assert done.returncode != 0 and "No module named 'rlgw_absent_module'" in done.stderr, done.stderr
+    assert not Path(venv_marker(str(venv), "d2")).exists()
 
 
 def test_npm_install_is_skipped_when_the_pinned_version_is_there(tmp_path: Path) -> None:

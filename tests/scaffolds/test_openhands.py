@@ -9,6 +9,7 @@ import tomllib
 import orjson
 import pytest
 
+from rlgw.scaffolds.locks import MissingLockError, lock_for
 from rlgw.scaffolds.openhands import OpenHandsScaffold
 from rlgw.scaffolds.scaffold import CaptureConflictError, TrajectoryInfo
 from rlgw.scaffolds.termination import TerminationReason as R
@@ -37,8 +38,9 @@ def test_v0_capture_command_env_and_config() -> None:
     assert config["condenser"] == {"type": "noop"}
     assert config["agent"]["enable_history_truncation"] is False
     installs = sc.install_commands(c)
-    assert "openhands-ai==0.59.0" in installs[0] and "'0.59.0'" in installs[1]
-    assert installs[-1] == "tmux -V && /opt/openhands-venv/bin/python -c 'import libtmux'"
+    assert installs[0] == "tmux -V"
+    assert "--no-deps -r /rlgw/scaffold/openhands-ai-0.59.0.txt" in installs[1]
+    assert "import openhands.core.main; import libtmux" in installs[1]
     sampled = sc.env(dataclasses.replace(c, sampling={"temperature": 0.7, "top_p": 0.9, "max_tokens": 64}))
     assert (sampled["LLM_TEMPERATURE"], sampled["LLM_TOP_P"], sampled["LLM_MAX_OUTPUT_TOKENS"]) == (
         "0.7",
@@ -76,7 +78,18 @@ def test_v1_command_and_env() -> None:
     assert (
         env["OPENHANDS_PERSISTENCE_DIR"] == "/rlgw/scaffold/persistence" and "SAVE_TRAJECTORY_PATH" not in env
     )
-    assert "openhands==1.16.0" in sc.install_commands(c)[0]
+    (install,) = sc.install_commands(c)
+    assert (
+        "--no-deps -r /rlgw/scaffold/openhands-1.16.0.txt" in install
+        and "import openhands_cli.entrypoint" in install
+    )
+    assert (
+        sc.install_files(c)["/rlgw/scaffold/openhands-1.16.0.txt"] == lock_for("openhands", "1.16.0").text()
+    )
+    with pytest.raises(
+        MissingLockError, match=r"no dependency lock for openhands 1\.2\.3 \(locked: 1\.16\.0\)"
+    ):
+        OpenHandsScaffold(version="v1", openhands_version="1.2.3").install_commands(c)
     with pytest.raises(ValueError, match="v0"):
         OpenHandsScaffold(version="v2")
 

@@ -16,9 +16,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from rlgw.scaffolds.openhands import OpenHandsScaffold
+from rlgw.scaffolds.locks import lock_for
+from rlgw.scaffolds.openhands import IMPORTS, OpenHandsScaffold
 from rlgw.scaffolds.termination import TerminationReason as R
-from tests.support.agent_venvs import agent_venv
+from tests.support.agent_venvs import locked_venv
 from tests.support.real_runs import TASKS, UNSOLVED_REWARD, assert_plumbing, report_line, run_real
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_agent]
@@ -26,13 +27,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_agent]
 
 @pytest.fixture(scope="module")
 def v1() -> OpenHandsScaffold:
-    venv = agent_venv("openhands-cli", "1.16.0", ["openhands==1.16.0"], opt_in=True)
+    venv = locked_venv("openhands-cli", lock_for("openhands", "1.16.0"), IMPORTS["v1"], opt_in=True)
     return OpenHandsScaffold(version="v1", venv=str(venv))
 
 
 @pytest.fixture(scope="module")
 def v0() -> OpenHandsScaffold:
-    venv = agent_venv("openhands-ai", "0.59.0", ["openhands-ai==0.59.0"], opt_in=True)
+    venv = locked_venv("openhands-ai", lock_for("openhands-ai", "0.59.0"), IMPORTS["v0"], opt_in=True)
     return OpenHandsScaffold(version="v0", venv=str(venv))
 
 

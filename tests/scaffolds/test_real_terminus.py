@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from rlgw.scaffolds.locks import lock_for
 from rlgw.scaffolds.termination import TerminationReason as R
-from rlgw.scaffolds.terminus import Terminus2Scaffold
-from tests.support.agent_venvs import agent_venv
+from rlgw.scaffolds.terminus import IMPORTS, Terminus2Scaffold
+from tests.support.agent_venvs import locked_venv
 from tests.support.real_runs import (
     TASKS,
     UNSOLVED_REWARD,
@@ -30,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_agent]
 
 @pytest.fixture(scope="module")
 def terminus() -> Terminus2Scaffold:
-    venv = agent_venv("terminus-harbor", "0.26.0", ["harbor==0.26.0"])
+    venv = locked_venv("terminus-harbor", lock_for("harbor", "0.26.0"), IMPORTS)
     return Terminus2Scaffold(venv=str(venv))
 
 

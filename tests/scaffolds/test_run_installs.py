@@ -1,12 +1,11 @@
 """`rlgw run` on a fresh machine: the CLI, as the README shows it, installs Terminus-2 itself and runs it.
 
-No pre-built venv: the scaffold's venv path is a new temporary directory, so the product's own
-install command (`scaffolds/install.py`: Python 3.12 found on PATH or in pyenv, `venv`, pip from
-the package index) runs inside the local sandbox, then the agent runs against `rlgw serve` +
-`rlgw engine` on the tiny Qwen3 fixture (`real_gateway`). pip's download cache is the user's
-(the sandbox's HOME is its own), so a machine that already downloaded harbor's wheels (the
-`agent_venvs` build of `test_real_terminus.py`) does not download them again; the venv itself
-is always built here.
+No pre-built venv: the scaffold's venv path is a new temporary directory, so the product's own install
+command (`scaffolds/install.py`: Python 3.12 found on PATH or in pyenv, `venv`, pip from the package
+index with harbor's committed lock) runs inside the local sandbox, then the agent runs against `rlgw
+serve` + `rlgw engine` on the tiny Qwen3 fixture (`real_gateway`). pip's download cache is the user's
+(the sandbox's HOME is its own), so a machine that already downloaded harbor's wheels (the `agent_venvs`
+build of `test_real_terminus.py`) does not download them again; the venv itself is always built here.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from rlgw.scaffolds.locks import lock_for
 from tests.support.real_runs import MODEL, TASKS, UNSOLVED_REWARD
 
 pytestmark = [
@@ -64,3 +64,7 @@ def test_rlgw_run_installs_terminus_into_a_fresh_venv(real_gateway: str, tmp_pat
     cfg = (venv / "pyvenv.cfg").read_text()
     assert "version_info = 3.12" in cfg or "version = 3.12" in cfg, cfg
     assert list(venv.glob("lib/python3.12/site-packages/harbor-0.26.0.dist-info")), "harbor 0.26.0 missing"
+    # Filled from harbor's committed lock, exactly: the marker of that lock, and each pin at its version.
+    lock = lock_for("harbor", "0.26.0")
+    assert (venv / f".rlgw-lock-{lock.digest()}").exists()
+    assert list(venv.glob(f"lib/python3.12/site-packages/litellm-{lock.pins()['litellm']}.dist-info"))

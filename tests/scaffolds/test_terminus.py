@@ -7,6 +7,7 @@ import shlex
 
 import pytest
 
+from rlgw.scaffolds.locks import lock_for
 from rlgw.scaffolds.scaffold import CaptureConflictError
 from rlgw.scaffolds.termination import TerminationReason as R
 from rlgw.scaffolds.terminus import Terminus2Scaffold
@@ -30,10 +31,12 @@ def test_capture_command_forces_summarization_off() -> None:
     assert sc.env(c)["OPENAI_API_KEY"] == "sk-session"
     files = sc.install_files(c)
     assert "class HostEnvironment" in files["/rlgw/scaffold/launcher.py"]
+    # harbor's committed lock is written beside the launcher and installed as it is, unless already marked.
+    lock = lock_for("harbor", "0.26.0")
+    assert files["/rlgw/scaffold/harbor-0.26.0.txt"] == lock.text()
     install = sc.install_commands(c)
-    # The install is skipped when the venv already holds this harbor version.
-    assert install[1].startswith("/opt/terminus-venv/bin/python -c ") and "'0.26.0'" in install[1]
-    assert "|| (" in install[1] and "harbor==0.26.0" in install[1]
+    assert install[1].startswith(f"test -f /opt/terminus-venv/.rlgw-lock-{lock.digest()} || (")
+    assert "--no-deps -r /rlgw/scaffold/harbor-0.26.0.txt" in install[1]
     assert sc.log_paths(c)["trajectory"] == "/rlgw/scaffold/logs/trajectory.json"
 
 

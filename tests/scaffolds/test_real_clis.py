@@ -26,6 +26,7 @@ conversation (opencode's title request) or a subagent (Claude Code's `Agent`) op
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,12 @@ import pytest
 
 from rlgw.gateway.sample import validate_sample
 from rlgw.gateway.trajectories.client import GatewayClient
-from rlgw.scaffolds.agent import AgentConfig, InstalledAgent
+from rlgw.scaffolds.agent import AgentConfig, InstalledAgent, RunResult
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
+from rlgw.scaffolds.cline import ClineScaffold
 from rlgw.scaffolds.codex import CodexScaffold
+from rlgw.scaffolds.copilot import CopilotScaffold
+from rlgw.scaffolds.kilo import KiloScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.pi import PiScaffold
@@ -108,10 +112,27 @@ def check_token_exact(st: Stack, doc: dict[str, Any]) -> int:
     return len(runs)
 
 
-async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, run: str | None = None) -> None:
-    run = run or scaffold.name
-    files = {"README.md": "notes\n", **SETUP_FILES.get(run, {})}
-    task = Task(f"{run}-hello", TASKS[run], setup_files=files, verifier=Verifier(VERIFY, timeout_s=60))
+@dataclass
+class Recorded:
+    """One CLI run's result, its stored samples and what the checks found in them."""
+
+    result: RunResult
+    docs: list[Any]
+    spans: list[int]  # sampled spans (requests) per sample
+    causes: list[str | None]
+    leftovers: list[str]
+
+    @property
+    def detail(self) -> str:
+        r = self.result
+        return f"{r.termination} {r.failed_stage} {r.error}\n{r.detail}\n{r.output_tail[-3000:]}"
+
+
+async def record_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, run: str, instruction: str,
+                     files: dict[str, str] | None = None) -> Recorded:  # fmt: skip
+    """One capture run of `scaffold` on `instruction`; each sample token-exact and valid, one per conversation."""
+    task = Task(f"{run}-hello", instruction, setup_files={"README.md": "notes\n", **(files or {})},
+                verifier=Verifier(VERIFY, timeout_s=60))  # fmt: skip
     sandboxes = Sandboxes(tmp_path)
     config = AgentConfig(mode="capture", model="tiny-agent", max_turns=4, agent_timeout_s=900,
                          install_timeout_s=1800, sampling={"temperature": 0.0},
@@ -119,22 +140,30 @@ async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, run: str
     async with GatewayClient(st.gateway) as client:
         r = await InstalledAgent(scaffold, sandboxes, client, config).run(task)
         docs = [(await client.get_trajectory(s["cursor"])).sample for s in r.samples]
-    detail = f"{r.termination} {r.failed_stage} {r.error}\n{r.detail}\n{r.output_tail[-3000:]}"
     spans = [check_token_exact(st, stored(st, s["cursor"])) for s in r.samples]
     causes = [d.metadata.get("segment_cause") for d in docs]
     details = [d.metadata.get("segment_cause_detail") for d in docs[1:]]  # why each later sample began
     print(f"REAL-CLI {run:<18} exit={r.exit_code} reason={r.termination} reward={r.reward} "
           f"samples={len(r.samples)} requests_per_sample={spans} causes={causes} "
           f"wall={r.duration_s:.0f}s details={details}")  # fmt: skip
-    assert r.failed_stage is None and r.exit_code == 0, detail
-    assert r.termination is TerminationReason.FINISH, detail
-    assert r.reward == 1.0, detail  # the CLI ran the fixture's tool call in the workspace
-    assert causes in SAMPLES[run] and not r.rejects, (causes, r.rejects)
+    assert not r.rejects, r.rejects
     assert [d.metadata["conversation"] for d in docs] == list(range(len(docs)))
     for d in docs:
         validate_sample(d)
-    assert max(spans) >= 2, spans  # the main conversation: the call, then the answer
-    assert sandboxes.leftovers() == []
+    return Recorded(r, docs, spans, causes, sandboxes.leftovers())
+
+
+async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, run: str | None = None) -> None:
+    """A run of a CLI tiny-agent was taught: it calls the tool, the verifier pays 1.0, the CLI finishes."""
+    run = run or scaffold.name
+    rec = await record_cli(st, scaffold, tmp_path, run, TASKS[run], SETUP_FILES.get(run))
+    r = rec.result
+    assert r.failed_stage is None and r.exit_code == 0, rec.detail
+    assert r.termination is TerminationReason.FINISH, rec.detail
+    assert r.reward == 1.0, rec.detail  # the CLI ran the fixture's tool call in the workspace
+    assert rec.causes in SAMPLES[run], rec.causes
+    assert max(rec.spans) >= 2, rec.spans  # the main conversation: the call, then the answer
+    assert rec.leftovers == []
 
 
 async def test_claude_code(agent_stack: Stack, tmp_path: Path) -> None:
@@ -169,3 +198,26 @@ async def test_claude_code_subagent(agent_stack: Stack, tmp_path: Path) -> None:
     the result, an answer), and the main agent answers after it."""
     prefix = prefix_for(ClaudeCodeScaffold)
     await run_cli(agent_stack, ClaudeCodeScaffold(prefix=prefix), tmp_path, run="claude-code-agent")
+
+
+async def test_cline(agent_stack: Stack, tmp_path: Path) -> None:
+    prefix = prefix_for(ClineScaffold)
+    rec = await record_cli(agent_stack, ClineScaffold(prefix=prefix), tmp_path, "cline", TASKS["opencode"])
+    print(rec.detail)
+    assert rec.result.failed_stage is None, rec.detail
+
+
+async def test_kilo(agent_stack: Stack, tmp_path: Path) -> None:
+    prefix = prefix_for(KiloScaffold)
+    rec = await record_cli(agent_stack, KiloScaffold(prefix=prefix), tmp_path, "kilo", TASKS["opencode"])
+    print(rec.detail)
+    assert rec.result.failed_stage is None, rec.detail
+
+
+async def test_copilot(agent_stack: Stack, tmp_path: Path) -> None:
+    prefix = prefix_for(CopilotScaffold)
+    rec = await record_cli(
+        agent_stack, CopilotScaffold(prefix=prefix), tmp_path, "copilot", TASKS["opencode"]
+    )
+    print(rec.detail)
+    assert rec.result.failed_stage is None, rec.detail

@@ -45,7 +45,5 @@ class KiloScaffold(OpencodeScaffold):
         return [self.executable, "run", "--format", "json", "-m", f"rlgw/{ctx.llm.model}"]
 
     def env(self, ctx: ScaffoldContext) -> dict[str, str]:
-        return {
-            f"KILO_{key.removeprefix('OPENCODE_')}": value
-            for key, value in super().env(ctx).items()
-        } | {"KILO_DISABLE_SHARE": "1"}
+        env = {f"KILO_{key.removeprefix('OPENCODE_')}": value for key, value in super().env(ctx).items()}
+        return {**env, "KILO_DISABLE_SHARE": "1"}

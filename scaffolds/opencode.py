@@ -35,6 +35,7 @@ class OpencodeScaffold(NodeCliScaffold):
     package = "opencode-ai"
     binary = "opencode"
     default_version = "1.18.33"
+    config_file = "opencode.json"
 
     def __init__(self, *, version: str | None = None, prefix: str | None = None,
                  context_window: int | None = None):  # fmt: skip
@@ -66,14 +67,14 @@ class OpencodeScaffold(NodeCliScaffold):
 
     def install_files(self, ctx: ScaffoldContext) -> dict[str, str]:
         config = orjson.dumps(self.config(ctx), option=orjson.OPT_INDENT_2).decode()
-        return {**super().install_files(ctx), f"{ctx.home}/opencode.json": config}
+        return {**super().install_files(ctx), f"{ctx.home}/{self.config_file}": config}
 
     def argv(self, ctx: ScaffoldContext) -> list[str]:
         return [self.executable, "run", "--format", "json"]
 
     def env(self, ctx: ScaffoldContext) -> dict[str, str]:
         env = {
-            "OPENCODE_CONFIG": f"{ctx.home}/opencode.json",
+            "OPENCODE_CONFIG": f"{ctx.home}/{self.config_file}",
             "OPENCODE_DISABLE_MODELS_FETCH": "1",
             "OPENCODE_DISABLE_AUTOUPDATE": "1",
         }

@@ -6,8 +6,11 @@ from typing import Any
 
 from rlgw.scaffolds.aider import AiderScaffold
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
+from rlgw.scaffolds.cline import ClineScaffold
 from rlgw.scaffolds.codex import CodexScaffold
+from rlgw.scaffolds.copilot import CopilotScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
+from rlgw.scaffolds.kilo import KiloScaffold
 from rlgw.scaffolds.mini import MiniScaffold
 from rlgw.scaffolds.mini_swe_agent import MiniSweAgentScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
@@ -29,6 +32,9 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     GeminiCliScaffold.name: GeminiCliScaffold,
     MiniSweAgentScaffold.name: MiniSweAgentScaffold,
     AiderScaffold.name: AiderScaffold,
+    ClineScaffold.name: ClineScaffold,
+    KiloScaffold.name: KiloScaffold,
+    CopilotScaffold.name: CopilotScaffold,
 }
 
 

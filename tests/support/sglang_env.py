@@ -75,9 +75,9 @@ def sglang_python() -> Path:
 def build() -> Path:
     """Build the SGLang venv unless it is ready (under a file lock: another process may be building it)."""
     venv = venv_dir()
-    interpreter = find_python("3.11") or find_python("3.12")
-    if interpreter is None:
-        raise RuntimeError("the sglang 0.5.23 wheel needs Python 3.11 or 3.12")
+    interpreter = find_python("3.11")
+    if interpreter is None:  # sglang 0.5.23 has one wheel, cp311, and no sdist
+        raise RuntimeError("the sglang 0.5.23 wheel needs Python 3.11 (on PATH or in pyenv)")
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f".{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -37,18 +37,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _step(model_dir: Path, rows: int, prompt: int, response: int, seed: int = 0):
+    from rlgw.gateway.engine_semantics import embedded_semantics
     from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
     from rlgw.trainer.batch import Rollout, build_step
 
     rng = np.random.default_rng(seed)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     rollouts = []
+    engine = embedded_semantics("synthetic").to_metadata()
     for k in range(rows):
         mask = (rng.random(response) < 0.7).astype(np.uint8)
         mask[0] = 1
         lps = np.where(mask == 1, -rng.random(response), 0.0).astype(np.float32)
         ids = rng.integers(0, min(vocab, 4000), prompt + response).astype(np.int32)
-        at_t1 = {"turn_temperature": [{"turn": 0, "temperature": 1.0}]}
+        at_t1 = {"turn_temperature": [{"turn": 0, "temperature": 1.0}], "engine": engine}
         s = Sample(ids, response, mask, lps, float(k % 2), SampleStatus.COMPLETED, f"r{k}", k // 4,
                    [VersionSpan("0", 0, response)], at_t1)  # fmt: skip
         rollouts.append(Rollout(f"r{k}", k // 4, float(k % 2), [s]))

@@ -2,7 +2,7 @@
 the cache off (`--cache-mib 0`, the same code otherwise) and on (the default, 1024 MiB), in one session.
 
 - `quickstart`: `rlgw serve` on the embedded engine (SmolLM2-135M, the default model; its GGUF conversion is
-  warmed first and not timed), then the README's "Quickstart: record an agent" code run as the README shows
+  warmed first and not timed), then the quickstart (`examples/quickstart.py`) run as a user runs it
   (its own Python process, the real `openai` client). Start-up (process start to `/health`) and the agent
   (the quickstart process, interpreter start included) are reported apart.
 - `clis`: the coding-agent CLIs' real runs of `tests/scaffolds/test_real_clis.py`, in its order (Claude Code,
@@ -137,7 +137,7 @@ def timed(run: Run, name: str) -> Iterator[None]:
 
 
 def quickstart(run: Run, tmp: Path) -> None:
-    """`rlgw serve` (embedded SmolLM2), then the README's quickstart code in its own process."""
+    """`rlgw serve` (embedded SmolLM2), then the quickstart in its own process."""
     port, engine_port = free_port(), free_port()
     args = ["serve", "--port", str(port), "--engine-port", str(engine_port), "--data-dir", str(tmp),
             *VARIANTS[run.variant]]  # fmt: skip

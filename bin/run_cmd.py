@@ -31,19 +31,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scaffold-option", action="append", default=[], metavar="KEY=JSON",
                    help='scaffold option, value as JSON (repeatable), e.g. version="v1"')  # fmt: skip
     p.add_argument("--tasks", required=True, help="JSONL tasks file (see rlgw.scaffolds.tasks)")
-    p.add_argument("--mode", choices=("capture", "eval"), default="capture")
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--mode", choices=("capture", "eval"), default="capture",
+                   help="capture: record samples to train on; eval: run and grade only")  # fmt: skip
+    p.add_argument("--concurrency", type=int, default=4, help="task runs at once (default: 4)")
     p.add_argument("--gateway-url", default=None, help="rlgw gateway base URL (needed for capture)")
     p.add_argument("--gateway-key", default=None, help="tenant key for the gateway (or RLGW_API_KEY)")
     p.add_argument("--engine-openai-url", default=None, help="eval only: an OpenAI-compatible engine URL")
     p.add_argument("--model", default="default", help="model name the agent sends")
-    p.add_argument("--max-turns", type=int, default=10)
+    p.add_argument("--max-turns", type=int, default=10, help="the agent's turn limit (default: 10)")
     p.add_argument("--sampling", default=None, metavar="JSON",
                    help="sampling (OpenAI names) for the session and the agent's own settings, "
                         "e.g. '{\"temperature\": 0.7}'")  # fmt: skip
     p.add_argument("--agent-timeout", type=float, default=1800.0, help="seconds per agent run")
-    p.add_argument("--install-timeout", type=float, default=900.0)
-    p.add_argument("--sandbox", choices=("local", "rock"), default="local")
+    p.add_argument("--install-timeout", type=float, default=900.0,
+                   help="seconds for installing the agent in a sandbox (default: 900)")  # fmt: skip
+    p.add_argument("--sandbox", choices=("local", "rock"), default="local",
+                   help="local subprocesses, or ROCK (ROCK_BASE_URL, ROCK_API_KEY, ROCK_IMAGE)")  # fmt: skip
     p.add_argument("--artifacts-dir", default=None, help="keep each run's logs and workspace here")
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="fan out over the Ray cluster at ADDRESS (host:6379, ray://host:10001, auto; "

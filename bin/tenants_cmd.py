@@ -48,10 +48,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     limits = actions.add_parser(
         "limits", help="replace a tenant's own limits (unset: the gateway's defaults)"
     )
-    limits.add_argument("name")
+    limits.add_argument("name", help="the tenant whose limits change (its key stays)")
     _limit_args(limits)
     revoke = actions.add_parser("revoke", help="delete a tenant: its key stops working at once")
-    revoke.add_argument("name")
+    revoke.add_argument("name", help="the tenant to remove: its key stops working at once")
     p.set_defaults(func=run)
 
 

@@ -22,7 +22,7 @@ from rlgw.engine.errors import ModelError, RequestError
 from rlgw.engine.grammar import Grammars
 from rlgw.engine.prefix_cache import PrefixCache
 from rlgw.engine.request import Phase, Request, Update, failed, length, stopped
-from rlgw.engine.sampling import SamplerRow, sample, scaled_logprobs
+from rlgw.engine.sampling import SamplerRow, sample
 
 # Prompt rows whose logits are materialized at once when computing input logprobs (bounds memory
 # for long teacher-forcing calls on large vocabularies).
@@ -62,8 +62,14 @@ class ModelRunner:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.max_context_length = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
-        # Models pad their vocabulary beyond the tokenizer's (Qwen3: 151669 -> 151936); the padded
-        # rows are untrained, and an id there decodes to nothing and breaks every consumer.
+        # Models pad their vocabulary beyond the tokenizer's (Qwen3: 151669 -> 151936). Logprobs are
+        # normalized over the whole padded vocabulary, as SGLang's and vLLM's are (`_logits`), so a
+        # trainer reproduces one distribution whichever engine served; but a padded id is never
+        # sampled (`sample`'s `sample_vocab`): it has no text, and a sample holding one is rejected at
+        # finish (validate_sample's bad_token), which SGLang risks with probability p(padded). The
+        # price is that this engine draws from p / (1 - p(padded)) where SGLang draws from p: nil for
+        # trained models (their padded rows sit near zero: p(padded) ~ 0), and a suite whose tiny
+        # fixtures put ~1% on padded ids stays deterministic.
         self.tokenizer_vocab = min(len(tokenizer), self.vocab_size)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids)
@@ -98,11 +104,8 @@ class ModelRunner:
         return out.last_hidden_state
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits of `hidden`, with padded ids at -inf: never sampled, no mass in any logprob."""
-        logits = self._lm_head(hidden).float()
-        if self.tokenizer_vocab < logits.shape[-1]:
-            logits[..., self.tokenizer_vocab :] = float("-inf")
-        return logits
+        """Logits of `hidden` over the model's whole vocabulary (config.vocab_size, padded ids included)."""
+        return self._lm_head(hidden).float()
 
     def prefill(self, req: Request, budget: int) -> tuple[int, bool, dict | None]:
         """Feed up to `budget` more tokens of `req`'s sequence into its own KV cache.
@@ -152,7 +155,8 @@ class ModelRunner:
             req.cached_tokens = req.prefill_done
 
     def _prompt_logprobs(self, req: Request, hidden: torch.Tensor, lo: int) -> None:
-        """Teacher-forced logprobs of prompt tokens from `logprob_start_len` (first entry null).
+        """Teacher-forced logprobs of prompt tokens from `logprob_start_len` (first entry null): the raw
+        model's, unscaled by the request's temperature and untouched by its penalties, as SGLang's.
 
         `hidden` holds positions `lo ..`; position p's hidden state scores prompt token p + 1.
         """
@@ -165,7 +169,8 @@ class ModelRunner:
         k = req.top_logprobs_num
         for p0 in range(first, end, LOGIT_CHUNK):
             p1 = min(p0 + LOGIT_CHUNK, end)
-            lp = scaled_logprobs(self._logits(hidden[p0 - lo : p1 - lo]), req.params, self.original_logprob)
+            # Raw logits whatever the request's temperature, as SGLang's `input_token_logprobs` are.
+            lp = torch.log_softmax(self._logits(hidden[p0 - lo : p1 - lo]), dim=-1)
             tgt = torch.tensor(req.input_ids[p0 + 1 : p1 + 1], dtype=torch.long)
             req.input_logprobs.extend(lp.gather(1, tgt.unsqueeze(1)).squeeze(1).tolist())
             if k > 0:
@@ -194,7 +199,13 @@ class ModelRunner:
         # Masked before sampling, so logprobs are over what the grammar allows (as in SGLang).
         self.grammars.mask(logits, [r.grammar for r in reqs])
         need_lp = [i for i, r in enumerate(reqs) if r.return_logprob]
-        ids, logprobs = sample(logits, rows, self.original_logprob, need_logprobs=bool(need_lp))
+        ids, logprobs = sample(
+            logits,
+            rows,
+            self.original_logprob,
+            need_logprobs=bool(need_lp),
+            sample_vocab=self.tokenizer_vocab,
+        )
         if need_lp:
             chosen = logprobs[torch.tensor(need_lp), torch.tensor([ids[i] for i in need_lp])].tolist()
             max_k = max(reqs[i].top_logprobs_num for i in need_lp)

@@ -4,11 +4,13 @@ Owns: parsing/validating a request's `sampling_params` dict into `SamplingParams
 step's logits into sampled ids plus log-probabilities. Knows nothing about requests, caches or HTTP.
 
 Log-probability semantics (matching SGLang's default, `SGLANG_RETURN_ORIGINAL_LOGPROB` unset):
-logprobs are taken AFTER temperature scaling and logit adjustments (penalties, `logit_bias`) and
-BEFORE top-k / top-p / min-p filtering: `log_softmax(adjusted_logits / temperature)`. Greedy requests
-(temperature < 1e-6) get the unscaled `log_softmax(adjusted_logits)`. With `original_logprob=True`
-(the engine's `--return-original-logprob`, like SGLang's env var) logprobs are the unscaled
-`log_softmax(logits)` of the raw model logits whatever the temperature.
+sampled tokens' logprobs are taken AFTER temperature scaling and logit adjustments (penalties,
+`logit_bias`) and BEFORE top-k / top-p / min-p filtering: `log_softmax(adjusted_logits / temperature)`
+over every column of `logits` (the model's whole vocabulary). Greedy requests (temperature < 1e-6)
+get the unscaled `log_softmax(adjusted_logits)`. With `original_logprob=True` (the engine's
+`--return-original-logprob`, like SGLang's env var) logprobs are the unscaled `log_softmax(logits)`
+of the raw model logits whatever the temperature. Teacher-forced prompt logprobs are always the raw
+`log_softmax(logits)` (the runner's `_prompt_logprobs`), as SGLang's `input_token_logprobs` are.
 
 Determinism: every request owns a `torch.Generator`; a request with `sampling_seed` seeds it, so the
 same seed gives the same tokens whatever other requests share the batch (each row draws only from
@@ -299,17 +301,24 @@ def _filtered_probs(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 
 def sample(
-    logits: torch.Tensor, rows: list[SamplerRow], original_logprob: bool = False, need_logprobs: bool = True
+    logits: torch.Tensor,
+    rows: list[SamplerRow],
+    original_logprob: bool = False,
+    need_logprobs: bool = True,
+    sample_vocab: int | None = None,
 ) -> tuple[list[int], torch.Tensor | None]:
     """Sample one token per row of `logits` [B, V] (fp32).
 
     Returns the sampled ids and the [B, V] log-probabilities that the returned/recorded logprobs are
     read from (see the module docstring for which distribution that is); None when no row samples
     and `need_logprobs` is False (an all-greedy batch that records nothing skips the softmax).
+    `sample_vocab`: ids at and past it are never drawn, but keep their mass in the logprobs (the
+    model's padded ids: `rlgw.engine.runner.ModelRunner` says why).
     """
     adjusted = _adjust(logits, rows)
+    drawable = adjusted[:, :sample_vocab]
     if not need_logprobs and all(r.params.greedy for r in rows):
-        return adjusted.argmax(dim=-1).tolist(), None
+        return drawable.argmax(dim=-1).tolist(), None
     temps = torch.tensor(
         [1.0 if r.params.greedy else r.params.temperature for r in rows], dtype=adjusted.dtype
     ).unsqueeze(1)
@@ -319,9 +328,9 @@ def sample(
     for i, row in enumerate(rows):
         p = row.params
         if p.greedy:
-            ids.append(int(adjusted[i].argmax()))
+            ids.append(int(drawable[i].argmax()))
             continue
-        probs = logprobs[i].exp()
+        probs = logprobs[i, :sample_vocab].exp()
         if p.needs_filter:
             probs = _filtered_probs(probs, p)
         try:
@@ -329,16 +338,7 @@ def sample(
         except RuntimeError:
             # Every token masked (a grammar at odds with min_new_tokens): the argmax of -inf is id 0,
             # which the caller's grammar refuses, failing this request alone instead of the batch.
-            ids.append(int(adjusted[i].argmax()))
+            ids.append(int(drawable[i].argmax()))
     if original_logprob:
         logprobs = torch.log_softmax(logits, dim=-1)
     return ids, logprobs
-
-
-def scaled_logprobs(
-    logits: torch.Tensor, params: SamplingParams, original_logprob: bool = False
-) -> torch.Tensor:
-    """Log-probabilities of prompt positions (teacher forcing), with the same scaling as `sample`."""
-    if original_logprob or params.greedy or params.temperature == 1.0:
-        return torch.log_softmax(logits, dim=-1)
-    return torch.log_softmax(logits / params.temperature, dim=-1)

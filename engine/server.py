@@ -36,9 +36,10 @@ log = logging.getLogger(__name__)
 
 LOGPROB_SEMANTICS = (
     "logprobs are log_softmax(logits / temperature) after penalties and logit_bias, before top-k/top-p/min-p "
-    "(SGLang's default, SGLANG_RETURN_ORIGINAL_LOGPROB unset); "
+    "(SGLang's default, SGLANG_RETURN_ORIGINAL_LOGPROB unset), over the model's whole vocabulary "
+    "(config.vocab_size, padded ids included; padded ids are never sampled); "
     "greedy requests get unscaled log_softmax(logits); "
-    "input_token_logprobs use the request's temperature the same way"
+    "input_token_logprobs are of the raw logits whatever the temperature, as SGLang's"
 )
 DISCONNECT_POLL_S = 0.25
 HEALTH_PROBE_S = 20.0
@@ -325,10 +326,9 @@ async def server_info(request: HttpRequest) -> Response:
             "dtype": "float32",
             "device": "cpu",
             "return_original_logprob": c.original_logprob,
-            "logprob_semantics": LOGPROB_SEMANTICS,
-            # SGLang's key for "a request's sampling_seed is honoured": SGLang applies seeds only when
-            # started with --enable-deterministic-inference; this engine always does.
+            # SGLang's flag for honouring `sampling_seed`; this engine always does (one generator a request).
             "enable_deterministic_inference": True,
+            "logprob_semantics": LOGPROB_SEMANTICS,
             "eos_token_ids": engine.eos_ids,
             "internal_states": [engine.load_stats()],
             "prefix_cache": engine.prefix.stats(),

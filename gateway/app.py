@@ -21,11 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from rlgw.gateway.engine_client.backend import SGLangBackend
 from rlgw.gateway.engine_client.vllm_backend import make_backend
+from rlgw.gateway.engine_semantics import EngineSemantics
 from rlgw.gateway.errors import StartupError, UpstreamError
 from rlgw.gateway.http.body_limits import RequestCaps
 from rlgw.gateway.http.errors import install_error_handlers, json_response
@@ -40,9 +43,14 @@ from rlgw.gateway.sessions import api as sessions_api
 from rlgw.gateway.sessions.journals import Journal, open_journal
 from rlgw.gateway.sessions.table import SessionTable
 from rlgw.gateway.surfaces.anthropic import api as anthropic_api
+from rlgw.gateway.surfaces.anthropic.translate import MessagesInput, MessagesRequest
 from rlgw.gateway.surfaces.chat_completions import api as chat_completions
 from rlgw.gateway.surfaces.completions import api as completions
+from rlgw.gateway.surfaces.gemini import api as gemini_api
+from rlgw.gateway.surfaces.gemini import translate as gemini_translate
+from rlgw.gateway.surfaces.openai_chat import ChatCompletionRequest
 from rlgw.gateway.surfaces.responses import api as responses_api
+from rlgw.gateway.surfaces.responses.translate import ResponsesRequest
 from rlgw.gateway.tenancy import admin_api
 from rlgw.gateway.tenancy.limits import Limits, LimitTable
 from rlgw.gateway.tenancy.store import TenantStore
@@ -146,6 +154,7 @@ async def load_model(backend: SGLangBackend, config: GatewayConfig) -> tuple[Mod
     """Start-up, step 2: what the engine serves, its tokenizer and template, and the template probe
     (a template that cannot be rendered incrementally stops start-up unless allowed)."""
     info = await _engine_info(backend, config.engine_wait)
+    _warn_if_seeds_ignored(backend.semantics)
     profile = await asyncio.to_thread(
         functools.partial(
             build_profile,
@@ -167,6 +176,13 @@ async def load_model(backend: SGLangBackend, config: GatewayConfig) -> tuple[Mod
             "--allow-template-mismatch"
         )
     return profile, report
+
+
+def _warn_if_seeds_ignored(semantics: EngineSemantics | None) -> None:
+    """Tell the user at start-up when the engine will not honour seeds (the samples say so too)."""
+    reason = semantics.not_repeatable_reason() if semantics is not None else None
+    if reason:
+        log.warning("the engine ignores sampling seeds", extra={"fields": {"reason": reason}})
 
 
 def freeze_heap() -> None:
@@ -250,7 +266,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         try:
             admin_api.apply_tenants(state.tenant_store, state.tenant_keys, state.limits)
             state.profile, state.probe = await load_model(state.backend, config)  # step 2
-            state.vocab_size = len(state.profile.tokenizer)
+            state.vocab_size = state.profile.vocab_size
             state.viewer = ViewerState(
                 state.store, state.tenant_keys, state.profile.tokenizer, state.profile.tool_format
             )
@@ -289,6 +305,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         ops_api,
         anthropic_api,
         responses_api,
+        gemini_api,
         viewer,
     ):
         app.include_router(module.router)
@@ -310,3 +327,37 @@ def create_app(config: GatewayConfig) -> FastAPI:
         )
 
     return app
+
+
+# The turn routes read their JSON body themselves (the edge serves them without FastAPI's
+# router), so FastAPI's document names no body for them: these are their request models, by the
+# path suffix every form of the route (`/v1/...`, `/s/{session_id}/v1/...`) ends with.
+TURN_BODIES: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": completions.CompletionRequest,
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": MessagesInput,
+    "/v1/responses": ResponsesRequest,
+    **{
+        f"/{version}/models/{{model}}:{method}": gemini_translate.GenerateContentRequest
+        for version in ("v1", "v1beta")
+        for method in ("generateContent", "streamGenerateContent", "countTokens")
+    },
+}
+
+
+def openapi_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """The gateway's OpenAPI document (`/openapi.json`'s) with each turn route's request body added.
+
+    Used by the API reference (docs/gen/http_api.py) and the schema-driven fuzz test.
+    """
+    _, defs = models_json_schema(
+        [(m, "validation") for m in TURN_BODIES.values()], ref_template="#/components/schemas/{model}"
+    )
+    doc.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+    for path, ops in doc["paths"].items():
+        model = next((m for suffix, m in TURN_BODIES.items() if path.endswith(suffix)), None)
+        if model is not None and "post" in ops:
+            ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+            ops["post"]["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
+    return doc

@@ -45,9 +45,9 @@ class RejectReason(enum.StrEnum):
 class VersionSpan:
     """`version` produced the response tokens in [start, end) (response-relative indices)."""
 
-    version: str
-    start: int
-    end: int
+    version: str  # the weight version that sampled these tokens
+    start: int  # the first response token it sampled
+    end: int  # one past the last
 
 
 @dataclass(slots=True)
@@ -60,20 +60,20 @@ class Sample:
     mask-1 position and 0.0 elsewhere.
     """
 
-    tokens: np.ndarray  # int32
-    response_length: int
-    loss_mask: np.ndarray  # uint8, len == response_length
-    rollout_log_probs: np.ndarray  # float32, len == response_length
-    reward: float | None
-    status: SampleStatus
-    rollout_id: str
-    group_index: int
-    weight_versions: list[VersionSpan]
-    metadata: dict[str, Any] = field(default_factory=dict)
+    tokens: np.ndarray  # int32: the prompt's ids, then the response's
+    response_length: int  # tokens in the response region, which starts at the first sampled token
+    loss_mask: np.ndarray  # uint8, one per response token: 1 sampled, 0 tool output and template text
+    rollout_log_probs: np.ndarray  # float32, per response token: the engine's logprob where mask is 1, else 0
+    reward: float | None  # the reward `finish` was given (None: none)
+    status: SampleStatus  # how the segment's generation ended
+    rollout_id: str  # the task run; every segment of one session carries it
+    group_index: int  # the reward group (GRPO): attempts at one prompt share it
+    weight_versions: list[VersionSpan]  # the weight version of each response token (spans tile it)
+    metadata: dict[str, Any] = field(default_factory=dict)  # task, session, conversation, cause, turns, ...
     # Optional teacher fields (per response token; top-k as [response_length, k]).
-    teacher_log_probs: np.ndarray | None = None
-    teacher_topk_indices: np.ndarray | None = None
-    teacher_topk_logprobs: np.ndarray | None = None
+    teacher_log_probs: np.ndarray | None = None  # the teacher's logprob of each response token
+    teacher_topk_indices: np.ndarray | None = None  # the teacher's top-k token ids per response token
+    teacher_topk_logprobs: np.ndarray | None = None  # their logprobs
 
     @property
     def prompt_length(self) -> int:

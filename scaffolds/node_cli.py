@@ -1,5 +1,5 @@
 """The shared shape of the coding-agent CLIs that ship on npm (Claude Code, Codex, opencode,
-qwen-code, pi).
+qwen-code, pi, Gemini CLI).
 
 Each is one pinned npm package installed into a prefix of its own (`install.npm_install`:
 skipped when the prefix already holds that version), configured through its own settings
@@ -110,9 +110,10 @@ def session_root(base_url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-# How the gateway (OpenAI's and Anthropic's wordings) and the CLIs themselves say the context overflowed.
+# How the gateway (OpenAI's, Anthropic's and Gemini's wordings) and the CLIs themselves say the context
+# overflowed.
 CONTEXT_ERROR = re.compile(
     r"context[_ ]length[_ ]exceeded|maximum context length|exceed context limit|prompt is too long"
-    r"|context window",
+    r"|context window|exceeds the maximum number of tokens",
     re.I,
 )

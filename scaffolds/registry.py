@@ -6,6 +6,7 @@ from typing import Any
 
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
 from rlgw.scaffolds.codex import CodexScaffold
+from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
 from rlgw.scaffolds.mini import MiniScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.openhands import OpenHandsScaffold
@@ -23,6 +24,7 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     OpencodeScaffold.name: OpencodeScaffold,
     QwenCodeScaffold.name: QwenCodeScaffold,
     PiScaffold.name: PiScaffold,
+    GeminiCliScaffold.name: GeminiCliScaffold,
 }
 
 

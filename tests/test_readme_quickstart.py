@@ -1,5 +1,6 @@
-"""The README on first use (issue 13): the Quickstart needs only the "Run it" install, and on a store
-that already holds samples it shows the sample it just recorded; the architecture document exists."""
+"""The quickstart on first use (issue 13): `examples/quickstart.py`, which the README and the docs show, needs
+only the "Run it" install, and on a store that already holds samples it shows the sample it just recorded; the
+architecture document exists."""
 
 from __future__ import annotations
 
@@ -21,9 +22,7 @@ from tests.support.sample_factory import make_sample
 
 
 def _quickstart() -> str:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Quickstart", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    return (REPO / "examples" / "quickstart.py").read_text()
 
 
 def _base_requirements() -> set[str]:
@@ -63,7 +62,7 @@ def test_the_architecture_document_the_code_cites_exists() -> None:
 
 @pytest.mark.slow
 def test_quickstart_shows_the_sample_it_just_recorded(tmp_path: Path) -> None:
-    """Run the README's code against `rlgw serve` (embedded engine on tiny-chatml, SmolLM2's tokenizer and
+    """Run the quickstart against `rlgw serve` (embedded engine on tiny-chatml, SmolLM2's tokenizer and
     template) on a store that already holds an older sample."""
 
     async def seed() -> int:

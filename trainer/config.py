@@ -27,93 +27,135 @@ class _Strict(BaseModel):
 class ChatRolloutsSpec(_Strict):
     """One-turn chats with a verifiable first word."""
 
-    kind: Literal["chat"] = "chat"
-    tasks: list[dict[str, str]] = Field(min_length=1)  # {"prompt": ..., "word": ...}
-    groups: int = Field(4, ge=1)
-    group_size: int = Field(8, ge=2)
-    max_tokens: int = Field(8, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    concurrency: int = Field(16, ge=1)
+    kind: Literal["chat"] = Field("chat", description="This rollout source.")
+    tasks: list[dict[str, str]] = Field(
+        min_length=1,
+        description='The prompts: `{"prompt": ..., "word": ...}`; a reply starting with `word` pays 1.',
+    )
+    groups: int = Field(4, ge=1, description="GRPO groups per iteration (each one prompt).")
+    group_size: int = Field(8, ge=2, description="Attempts per group (they share one `group_index`).")
+    max_tokens: int = Field(8, ge=1, description="Cap on each reply's sampled tokens.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of every attempt.")
+    concurrency: int = Field(16, ge=1, description="Sessions run at once.")
 
 
 class ToolRolloutsSpec(_Strict):
     """The built-in two-turn tool task (`rlgw.trainer.tool_task`): call `locate`, answer with its city."""
 
-    kind: Literal["tool"]
-    groups: int = Field(4, ge=1)
-    group_size: int = Field(8, ge=2)
-    temperature: float = Field(1.0, gt=0)
-    concurrency: int = Field(16, ge=1)
+    kind: Literal["tool"] = Field(description="This rollout source.")
+    groups: int = Field(4, ge=1, description="GRPO groups per iteration (each one city).")
+    group_size: int = Field(8, ge=2, description="Attempts per group (they share one `group_index`).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of every attempt.")
+    concurrency: int = Field(16, ge=1, description="Sessions run at once.")
 
 
 class ScaffoldRolloutsSpec(_Strict):
     """Installed scaffolds on a tasks file (see `rlgw run`)."""
 
-    kind: Literal["scaffold"]
-    scaffold: str
-    tasks_file: str
-    groups: int = Field(2, ge=1)
-    group_size: int = Field(4, ge=2)
-    max_turns: int = Field(4, ge=1)
-    concurrency: int = Field(4, ge=1)
-    scaffold_options: dict[str, Any] = Field(default_factory=dict)
-    sampling: dict[str, Any] | None = None
-    ray: str | None = None  # a Ray address: the runs become Ray tasks on that cluster (as `rlgw run --ray`)
+    kind: Literal["scaffold"] = Field(description="This rollout source.")
+    scaffold: str = Field(
+        description="The agent: `rlgw-mini`, `openhands`, `terminus-2`, or a coding-agent CLI."
+    )
+    tasks_file: str = Field(description="JSONL tasks file, as `rlgw run --tasks` reads.")
+    groups: int = Field(2, ge=1, description="GRPO groups per iteration (each one task).")
+    group_size: int = Field(4, ge=2, description="Attempts per task (they share one `group_index`).")
+    max_turns: int = Field(4, ge=1, description="The agent's turn limit, where it has one.")
+    concurrency: int = Field(4, ge=1, description="Task runs at once.")
+    scaffold_options: dict[str, Any] = Field(
+        default_factory=dict, description="The scaffold's options, as `rlgw run --scaffold-option`."
+    )
+    sampling: dict[str, Any] | None = Field(
+        None, description="The sessions' sampling (OpenAI names), as `rlgw run --sampling`."
+    )
+    ray: str | None = Field(
+        None, description="A Ray address: the runs become Ray tasks on that cluster, as `rlgw run --ray`."
+    )
 
 
 class LossSpec(_Strict):
-    """See `rlgw.trainer.objective.LossConfig`."""
+    """The objective (`rlgw.trainer.settings.LossConfig`)."""
 
-    reduction: Reduction = Reduction.PER_ROLLOUT_MEAN
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    old_log_probs: Literal["rollout", "recompute"] = "rollout"
-    tis_cap: float | None = None
-    kl_coef: float = 0.0
-    kl_source: Literal["teacher", "reference"] = "reference"
-    entropy_coef: float = 0.0
-    std_normalize: bool = True
+    reduction: Reduction = Field(
+        Reduction.PER_ROLLOUT_MEAN,
+        description="`per_rollout_mean`: mean over each rollout's trainable tokens, then over rollouts; "
+        "`per_token`: mean over the step's trainable tokens (long rollouts weigh more).",
+    )
+    clip_low: float = Field(0.2, description="PPO ratio clip below 1 (ratio >= 1 - clip_low).")
+    clip_high: float = Field(0.2, description="PPO ratio clip above 1 (ratio <= 1 + clip_high).")
+    dual_clip: float | None = Field(None, description="Dual-clip bound on negative advantages (None: off).")
+    old_log_probs: Literal["rollout", "recompute"] = Field(
+        "rollout",
+        description="pi_old: the engine's `rollout_log_probs` (`rollout`), or the trainer's own before the "
+        "update (`recompute`, the engine/trainer gap corrected by truncated IS).",
+    )
+    tis_cap: float | None = Field(None, description="Truncated importance-sampling cap with `recompute`.")
+    kl_coef: float = Field(0.0, description="Weight of the K3 KL term (0: off).")
+    kl_source: Literal["teacher", "reference"] = Field(
+        "reference",
+        description="KL against a frozen copy of the initial policy (`reference`) or the samples' "
+        "`teacher_log_probs` (`teacher`, with a `teacher` block).",
+    )
+    entropy_coef: float = Field(0.0, description="Weight of the entropy bonus (0: off).")
+    std_normalize: bool = Field(True, description="Divide GRPO advantages by the group's reward std.")
 
 
 class OptimSpec(_Strict):
-    """AdamW; see `rlgw.trainer.settings.OptimConfig`."""
+    """AdamW (`rlgw.trainer.settings.OptimConfig`)."""
 
-    lr: float = Field(1e-5, ge=0)
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float | None = 1.0
+    lr: float = Field(1e-5, ge=0, description="Learning rate (0: no update, a control run).")
+    weight_decay: float = Field(0.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    grad_clip: float | None = Field(1.0, description="Max global gradient norm (None: no clipping).")
 
 
 class SyncSpec(_Strict):
     """How new weights reach the engines: disk versions, `delta` after the first full one, or `full`."""
 
-    kind: Literal["delta", "full"] = "delta"
-    encoding: Literal["xor", "overwrite"] = "xor"
-    # rlgw: engines pull themselves (/pull_weights); vllm: pulled here, reloaded in place (vllm_reload.py).
-    engine_kind: Literal["rlgw", "vllm"] = "rlgw"
-    full_every: int = Field(1000, ge=1)
-    durable: bool = True
+    kind: Literal["delta", "full"] = Field(
+        "delta", description="Publish deltas after the first full version, or every version full."
+    )
+    encoding: Literal["xor", "overwrite"] = Field("xor", description="How a delta encodes changed tensors.")
+    engine_kind: Literal["rlgw", "vllm"] = Field(
+        "rlgw",
+        description="`rlgw`: engines pull each version themselves (`/pull_weights`); `vllm`: pulled here and "
+        "reloaded in place (`sync/vllm_reload.py`).",
+    )
+    full_every: int = Field(
+        1000,
+        ge=1,
+        description="Every n-th version is written full, so a new engine host replays no long chain.",
+    )
+    durable: bool = Field(True, description="fsync each published and applied version.")
 
 
 class ParallelSpec(_Strict):
     """How the Megatron trainer is split: tensor- and pipeline-parallel sizes, data-parallel replicas.
 
     Launch tp * pp * dp processes (`rlgw train --nproc-per-node N` or `torchrun --nproc-per-node N
-    -m rlgw.bin.main train ...`); rank 0 runs the loop. `vocab_divisible_by` pads the vocabulary as
-    Megatron-LM's `--make-vocab-size-divisible-by` does (times tp). `ep` (a MoE model) spreads the
-    experts over that many ranks; megatron-core takes them from the data-parallel ranks, so it
-    adds no processes and must divide dp. `distributed_optimizer` shards the Adam state and update
-    over the dp replicas (megatron-core's distributed optimizer: grads reduce-scattered, params
-    all-gathered) instead of a whole AdamW on every replica; same step.
+    -m rlgw.bin.main train ...`); rank 0 runs the loop.
     """
 
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    dp: int = Field(1, ge=1)
-    ep: int = Field(1, ge=1)
-    vocab_divisible_by: int = Field(128, ge=1)
-    distributed_optimizer: bool = False
+    tp: int = Field(1, ge=1, description="Tensor-parallel size.")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel size (stages, 1F1B).")
+    dp: int = Field(1, ge=1, description="Data-parallel replicas.")
+    ep: int = Field(
+        1,
+        ge=1,
+        description="Expert-parallel size (a MoE model): megatron-core takes these ranks from the "
+        "data-parallel ones, so it adds no processes and must divide dp.",
+    )
+    vocab_divisible_by: int = Field(
+        128,
+        ge=1,
+        description="Pad the vocabulary to a multiple of this times tp, as Megatron-LM's "
+        "`--make-vocab-size-divisible-by`.",
+    )
+    distributed_optimizer: bool = Field(
+        False,
+        description="Shard Adam state and update over the dp replicas (megatron-core's distributed "
+        "optimizer: grads reduce-scattered, params all-gathered) instead of a whole AdamW on every replica; "
+        "same step.",
+    )
 
     @property
     def world(self) -> int:
@@ -133,52 +175,82 @@ class ParallelSpec(_Strict):
 class TeacherSpec(_Strict):
     """Force-decode each kept segment with a teacher: its `teacher_*` fields feed K3 (kl_source="teacher")."""
 
-    url: str  # an SGLang-protocol engine, or "engine": the run's own first engine (self-distillation)
-    top_k: int = Field(20, ge=0)
+    url: str = Field(
+        description='An SGLang-protocol engine, or "engine": the run\'s own first engine (self-distillation).'
+    )
+    top_k: int = Field(20, ge=0, description="Teacher top-k logprobs kept per response token.")
 
 
 class WandbSpec(_Strict):
     """A Weights & Biases run for the receipts: offline by default (files under WORK_DIR/wandb)."""
 
-    project: str = "rlgw"
-    name: str | None = None
-    mode: Literal["offline", "online"] = "offline"
+    project: str = Field("rlgw", description="W&B project.")
+    name: str | None = Field(None, description="W&B run name (None: W&B picks one).")
+    mode: Literal["offline", "online"] = Field(
+        "offline",
+        description="`offline` writes files (`wandb sync` uploads them later); `online` uploads live.",
+    )
 
 
 class TrackingSpec(_Strict):
     """Where receipts go besides receipts.jsonl: TensorBoard event files (WORK_DIR/tensorboard), W&B."""
 
-    tensorboard: bool = True
-    wandb: WandbSpec | None = None
+    tensorboard: bool = Field(
+        True, description="Write each receipt as TensorBoard scalars under WORK_DIR/tensorboard."
+    )
+    wandb: WandbSpec | None = Field(None, description="Also log to a Weights & Biases run.")
 
 
 class TrainConfig(_Strict):
     """Everything one `rlgw train` run needs."""
 
-    model: str  # HF checkpoint directory: the trainer's start and (embedded) the engine's
-    work_dir: str = "rlgw-train"
-    iterations: int = Field(10, ge=1)
-    mode: Literal["sync", "async"] = "sync"
-    seed: int = 0
-    trainer: Literal["torch", "megatron"] = "torch"
-    device: str = "cpu"
-    threads: int | None = 1
-    micro_batch_rows: int = Field(16, ge=1)
-    gateway_url: str | None = None  # None: start `rlgw serve` with the embedded engine
-    gateway_key: str | None = None
-    engine_urls: list[str] = Field(default_factory=list)  # needed with gateway_url
-    cache_mib: int | None = Field(None, ge=0)  # embedded engine prefix cache MiB (None: default; 0: off)
-    rollouts: ChatRolloutsSpec | ToolRolloutsSpec | ScaffoldRolloutsSpec = Field(discriminator="kind")
-    loss: LossSpec = Field(default_factory=LossSpec)
-    optim: OptimSpec = Field(default_factory=OptimSpec)
-    acceptance: dict[Literal["completed", "truncated", "aborted", "failed"], Action] = Field(
-        default_factory=dict
+    model: str = Field(
+        description="HF checkpoint directory: the trainer's start and (embedded) the engine's."
     )
-    max_staleness: int | None = None  # default: 0 in sync mode, 1 in one-step-async
-    sync: SyncSpec = Field(default_factory=SyncSpec)
-    teacher: TeacherSpec | None = None
-    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
-    parallel: ParallelSpec = Field(default_factory=ParallelSpec)  # the Megatron trainer's split
+    work_dir: str = Field(
+        "rlgw-train", description="Receipts, logs, checkpoints, the store of an embedded gateway."
+    )
+    iterations: int = Field(10, ge=1, description="Rollout -> train -> publish iterations.")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="`async`: one-step-async, the next rollouts run while this step trains."
+    )
+    seed: int = Field(
+        0, description="The run's seed: every attempt's session seed derives from it and its rollout id."
+    )
+    trainer: Literal["torch", "megatron"] = Field(
+        "torch", description="The PyTorch trainer or the Megatron one."
+    )
+    device: str = Field("cpu", description="Torch device of the trainer.")
+    threads: int | None = Field(1, description="Torch threads of the trainer (None: torch's default).")
+    micro_batch_rows: int = Field(16, ge=1, description="Rows (segments) per forward/backward micro-batch.")
+    gateway_url: str | None = Field(
+        None, description="A running gateway (None: start `rlgw serve` with the embedded engine)."
+    )
+    gateway_key: str | None = Field(None, description="Tenant key for `gateway_url`.")
+    engine_urls: list[str] = Field(
+        default_factory=list, description="The engines new weights go to (needed with `gateway_url`)."
+    )
+    cache_mib: int | None = Field(
+        None, ge=0, description="Embedded engine's prefix cache in MiB (None: its default, 1024; 0: off)."
+    )
+    rollouts: ChatRolloutsSpec | ToolRolloutsSpec | ScaffoldRolloutsSpec = Field(
+        discriminator="kind", description="Where rollouts come from, by `kind`: `chat`, `tool` or `scaffold`."
+    )
+    loss: LossSpec = Field(default_factory=LossSpec, description="The objective.")
+    optim: OptimSpec = Field(default_factory=OptimSpec, description="The optimizer.")
+    acceptance: dict[Literal["completed", "truncated", "aborted", "failed"], Action] = Field(
+        default_factory=dict,
+        description="Per sample status: `keep`, `zero_reward` or `drop` (default: completed and truncated "
+        "kept, aborted and failed dropped); a rollout takes its segments' strictest action.",
+    )
+    max_staleness: int | None = Field(
+        None,
+        description="Tokens more versions old are masked out (None: 0 in sync mode, 1 in one-step-async).",
+    )
+    sync: SyncSpec = Field(default_factory=SyncSpec, description="Weight publication to the engines.")
+    teacher: TeacherSpec | None = Field(None, description="A teacher that force-decodes each kept segment.")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Receipts' sinks.")
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec, description="The Megatron trainer's split.")
 
     @model_validator(mode="after")
     def _split_needs_megatron(self) -> TrainConfig:

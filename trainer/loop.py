@@ -31,6 +31,7 @@ import orjson
 import torch
 from tqdm import tqdm
 
+from rlgw.gateway.engine_semantics import EngineSemantics
 from rlgw.gateway.sample import Sample
 from rlgw.gateway.trajectories.client import GatewayClient, StoredTrajectory
 from rlgw.trainer.base import Trainer
@@ -127,6 +128,16 @@ async def _connect_teacher(cfg: TrainConfig, svc: Services) -> Any:
     url = svc.engine_urls[0] if cfg.teacher.url == "engine" else cfg.teacher.url
     student = await asyncio.to_thread(AutoTokenizer.from_pretrained, cfg.model)
     return await TeacherBackend.connect(url, student_tokenizer=student)
+
+
+def not_repeatable(items: list[StoredTrajectory]) -> str | None:
+    """Why these samples could come out otherwise from the same seed (their engine ignores seeds:
+    SGLang without --enable-deterministic-inference), or None."""
+    for t in items:
+        doc = t.sample.metadata.get("engine")
+        if isinstance(doc, dict) and doc.get("seed_honoured") is False:
+            return EngineSemantics.from_metadata(doc).not_repeatable_reason()
+    return None
 
 
 def _dump(path: Path, items: list[StoredTrajectory]) -> None:
@@ -283,6 +294,10 @@ class Loop:
             # 0 and 1 when the trainer's logprobs are the engine's.
             "logprob_gap_max": metrics.get("logprob_gap_max"),
             "is_ratio_mean": metrics.get("ratio_mean"),
+            # The engine's logprob semantics as the samples recorded them, and whether its seeds
+            # hold: None when they do, else why this run cannot be repeated from its seed.
+            "engine": items[0].sample.metadata.get("engine") if items else None,
+            "not_repeatable": not_repeatable(items),
             "seconds": {"rollout": t_rollout, "train": t_train, "sync": t_sync, "total": total},
             "share": {
                 k: (v / total if total else 0.0)

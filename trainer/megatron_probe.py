@@ -38,11 +38,13 @@ LOSS = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "entropy_coef": 0.
 
 def synthetic_step(vocab: int, seed: int = 0) -> StepBatch:
     """Five rollouts (two of them in two segments), temperatures 1.0 and 0.7, micro-batches of 2 rows."""
+    from rlgw.gateway.engine_semantics import embedded_semantics
     from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
     from rlgw.trainer.batch import Rollout, build_step
 
     rng = np.random.default_rng(seed)
     rollouts = []
+    engine = embedded_semantics("synthetic").to_metadata()
     shapes = [(9, 14, 2), (6, 8, 1), (11, 5, 1), (7, 12, 2), (5, 9, 1)]
     for k, (prompt, response, segments) in enumerate(shapes):
         tokens = rng.integers(0, min(vocab, 4000), prompt + response).tolist()
@@ -55,7 +57,7 @@ def synthetic_step(vocab: int, seed: int = 0) -> StepBatch:
             n = b - a
             m = mask[a:b].copy()
             m[0] = 1
-            meta = {"turn_temperature": [{"turn": 0, "temperature": temperature}]}
+            meta = {"turn_temperature": [{"turn": 0, "temperature": temperature}], "engine": engine}
             ids = np.asarray(tokens[: prompt + b], np.int32)
             segs.append(Sample(ids, n, m, lps[a:b].copy(), float(k % 2), SampleStatus.COMPLETED, f"r{k}",
                                k // 3, [VersionSpan("0", 0, n)], meta))  # fmt: skip

@@ -151,6 +151,7 @@ def padded(mb: MicroBatch, rows: int, length: int) -> MicroBatch:
         advantages=grow(mb.advantages),
         rollout_index=grow(mb.rollout_index),
         temperature=grow(mb.temperature, 1.0),
+        vocabulary=mb.vocabulary,
         teacher_log_probs=None if teacher is None else grow(teacher),
     )
 

@@ -49,7 +49,7 @@ from rlgw.trainer.megatron_convert import (
 )
 from rlgw.trainer.megatron_cpu import cpu_shims, cuda_is_cpu
 from rlgw.trainer.objective import LossConfig, engine_logits, merge_metrics, micro_batch_loss, token_log_probs
-from rlgw.trainer.torch_trainer import OptimConfig, checkpoint_tensor_names, sampled_vocab, to_device
+from rlgw.trainer.torch_trainer import OptimConfig, checkpoint_tensor_names, model_vocab_columns, to_device
 
 
 def moe_config(
@@ -178,8 +178,8 @@ class MegatronTrainer:
     `tp` and `pp` cut the model; the data-parallel size is what the launched world leaves (`dp`,
     when given, is checked against it); `ep` spreads a MoE model's experts over that many of the
     data-parallel ranks (it must divide dp). `vocab_divisible_by` pads the vocabulary as Megatron-LM's
-    `--make-vocab-size-divisible-by` does (times tp); the padded ids are never sampled, and the
-    objective drops their logits as the engine does.
+    `--make-vocab-size-divisible-by` does (times tp); those rows past the model's `config.vocab_size`
+    are no engine's ids, and the objective drops their logits (`objective.engine_logits`).
     """
 
     def __init__(self, model_dir: Path, loss: LossConfig, optim: OptimConfig, *, device: str = "cpu",
@@ -199,7 +199,7 @@ class MegatronTrainer:
             cpu_shims()
             self._on_device = cuda_is_cpu
         self.layout = ranks.init_parallel(tp, pp, dp, ep=ep)
-        self.sampled_vocab = sampled_vocab(self.model_dir, self.hf["vocab_size"])
+        self.vocab_columns = model_vocab_columns(self.model_dir, self.hf["vocab_size"])
         self.vocab_rows = padded_vocab(self.hf["vocab_size"], tp, vocab_divisible_by)
         self.model = self._build(device)
         state: dict[str, Tensor] = {}
@@ -321,7 +321,7 @@ class MegatronTrainer:
             return None
 
         def logprobs(k: int, mb: MicroBatch, output: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-            logits = engine_logits(output, mb.temperature.to(self.device), self.sampled_vocab)
+            logits = engine_logits(output, mb.temperature.to(self.device), self.vocab_columns[mb.vocabulary])
             old = token_log_probs(logits, mb.input_ids.to(self.device)).detach()
             return output.new_zeros(()), torch.ones((), dtype=torch.int), {"old": old}
 
@@ -337,7 +337,7 @@ class MegatronTrainer:
         old = self._old_log_probs(share.micro_batches)
 
         def loss(k: int, mb: MicroBatch, output: Tensor) -> tuple[Tensor, Tensor, dict[str, float]]:
-            logits = engine_logits(output, mb.temperature.to(self.device), self.sampled_vocab)
+            logits = engine_logits(output, mb.temperature.to(self.device), self.vocab_columns[mb.vocabulary])
             mb = to_device(mb, self.device)
             value, metrics = micro_batch_loss(
                 logits, mb, tokens, self.loss_cfg, old_log_probs=None if old is None else old[k]

@@ -11,22 +11,29 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlgw.gateway.engine_semantics import PADDED, TOKENIZER
 from rlgw.trainer import losses
 from rlgw.trainer.batch import MicroBatch
 from rlgw.trainer.settings import LossConfig
 
 
-def engine_logits(logits: Tensor, temperature: Tensor, sampled_vocab: int) -> Tensor:
+def engine_logits(logits: Tensor, temperature: Tensor, columns: int) -> Tensor:
     """The logits the engine's logprobs were taken from: `log_softmax` of this equals the engine's.
 
-    The embedded engine sets ids past the tokenizer's vocabulary (`sampled_vocab`; models pad theirs
-    beyond it) to -inf and divides each row by its sampling temperature (`temperature`, [rows]);
-    dropping those columns is the same distribution without -inf in the entropy.
+    `columns`: how many ids the engine normalized over (`vocab_columns`: the model's whole
+    `config.vocab_size`, padded ids included, as SGLang, vLLM and the embedded engine do; or the
+    tokenizer's); a Megatron model's own padding past `config.vocab_size` is always cut.
+    `temperature` ([rows]): what the engine divided each row by (1 for raw logprobs).
     """
-    out = logits[..., :sampled_vocab].float()
+    out = logits[..., :columns].float()
     if bool((temperature == 1.0).all()):
         return out
     return out / temperature.to(out.device, out.dtype)[:, None, None]
+
+
+def vocab_columns(model_vocab: int, tokenizer_vocab: int) -> dict[str, int]:
+    """The columns of the model's logits each engine vocabulary (`MicroBatch.vocabulary`) covers."""
+    return {PADDED: model_vocab, TOKENIZER: min(tokenizer_vocab, model_vocab)}
 
 
 def token_log_probs(logits: Tensor, input_ids: Tensor) -> Tensor:

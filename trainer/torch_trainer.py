@@ -17,7 +17,14 @@ from safetensors import safe_open
 from torch import Tensor
 
 from rlgw.trainer.batch import MicroBatch, StepBatch
-from rlgw.trainer.objective import LossConfig, engine_logits, merge_metrics, micro_batch_loss, token_log_probs
+from rlgw.trainer.objective import (
+    LossConfig,
+    engine_logits,
+    merge_metrics,
+    micro_batch_loss,
+    token_log_probs,
+    vocab_columns,
+)
 from rlgw.trainer.settings import OptimConfig
 
 _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
@@ -35,11 +42,11 @@ def checkpoint_tensor_names(model_dir: Path) -> dict[str, torch.dtype]:
     return names
 
 
-def sampled_vocab(model_dir: Path, vocab_rows: int) -> int:
-    """How many ids the engine can sample: the tokenizer's, within the model's `vocab_rows` (runner.py)."""
+def model_vocab_columns(model_dir: Path, model_vocab: int) -> dict[str, int]:
+    """`objective.vocab_columns` of the checkpoint in `model_dir` (`model_vocab`: its config.vocab_size)."""
     from transformers import AutoTokenizer
 
-    return min(len(AutoTokenizer.from_pretrained(model_dir)), vocab_rows)
+    return vocab_columns(model_vocab, len(AutoTokenizer.from_pretrained(model_dir)))
 
 
 class TorchTrainer:
@@ -74,13 +81,13 @@ class TorchTrainer:
         )
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.vocab_size = int(self.model.config.vocab_size)
-        self.sampled_vocab = sampled_vocab(self.model_dir, self.vocab_size)
+        self.vocab_columns = model_vocab_columns(self.model_dir, self.vocab_size)
 
     def logits(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> Tensor:
         """The micro-batch's logits as the engine saw them (`engine_logits`), [rows, tokens, vocab]."""
         m = model if model is not None else self.model
         out = m(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
-        return engine_logits(out.logits, mb.temperature, self.sampled_vocab)
+        return engine_logits(out.logits, mb.temperature, self.vocab_columns[mb.vocabulary])
 
     def _aux_log_probs(self, mb: MicroBatch) -> tuple[Tensor | None, Tensor | None]:
         cfg = self.loss_cfg
@@ -138,6 +145,7 @@ def to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
         advantages=mb.advantages.to(device),
         rollout_index=mb.rollout_index.to(device),
         temperature=mb.temperature.to(device),
+        vocabulary=mb.vocabulary,
         teacher_log_probs=None if mb.teacher_log_probs is None else mb.teacher_log_probs.to(device),
     )
 

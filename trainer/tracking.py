@@ -48,7 +48,8 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 
 def summary_line(r: dict[str, Any]) -> str:
-    """One console line per iteration: reward, tokens, losses, served version, time split."""
+    """One console line per iteration: reward, tokens, losses, served version, time split, and a
+    warning when the engine ignores seeds (the run is not repeatable)."""
     pub = r["published"] or {}
     served = ",".join(pub.get("served_versions") or []) or "-"
     loss, s = r["losses"], r["seconds"]
@@ -60,6 +61,7 @@ def summary_line(r: dict[str, Any]) -> str:
         f"ratio {_fmt(r['is_ratio_mean'], '.4f')}  gap {_fmt(r['logprob_gap_max'], '.1e')}  "
         f"grad {_fmt(loss.get('grad_norm'))}  served v{served}  "
         f"time rollout {s['rollout']:.1f}s train {s['train']:.1f}s sync {s['sync']:.1f}s"
+        + ("  NOT REPEATABLE: the engine ignores sampling seeds" if r.get("not_repeatable") else "")
     )
 
 

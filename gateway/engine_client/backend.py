@@ -33,6 +33,7 @@ from rlgw.gateway.engine_client.transport import (
     Transport,
     TransportError,
 )
+from rlgw.gateway.engine_semantics import EngineSemantics, sglang_semantics
 from rlgw.gateway.errors import (
     InvalidRequest,
     StartupError,
@@ -153,6 +154,10 @@ class SGLangBackend:
     - transport failures become `UpstreamError` (502), `UpstreamTimeout` (504) and
       `UpstreamOverloaded` (503), so callers catch them by type.
     """
+
+    # How the engine's logprobs were normalized and whether it honours seeds: set by `model_info`
+    # at start-up, copied into every sample's metadata as `engine`.
+    semantics: EngineSemantics | None = None
 
     def __init__(
         self,
@@ -330,14 +335,25 @@ class SGLangBackend:
             await asyncio.shield(self.abort(rid))
 
     async def model_info(self) -> dict[str, Any]:
-        """The engine's `/model_info` (falling back to the 0.5.5 `/get_model_info`)."""
+        """The engine's `/model_info` (falling back to the 0.5.5 `/get_model_info`), plus `engine`:
+        its logprob semantics from `/server_info` (`engine_semantics.sglang_semantics`), read on the
+        first call (start-up) and kept as `semantics` for the samples, so a later call (readiness)
+        neither repeats it nor lets a blip change what the samples say."""
         for path in ("/model_info", "/get_model_info"):
-            with _upstream_errors(self.base_url):
-                reply = await self._transport.request("GET", path, None, {})
-                body = await reply.read()
-            if reply.status == 200:
-                return orjson.loads(body)
+            status, info = await self._get(path)
+            if status == 200:
+                if self.semantics is None:
+                    _, server = await self._get("/server_info")
+                    self.semantics = sglang_semantics(server if isinstance(server, dict) else None)
+                return {**info, "engine": self.semantics.to_metadata()}
         raise StartupError(f"engine at {self.base_url} serves neither /model_info nor /get_model_info")
+
+    async def _get(self, path: str) -> tuple[int, Any]:
+        """GET `path`: its status and, when 200, its JSON body (None otherwise)."""
+        with _upstream_errors(self.base_url):
+            reply = await self._transport.request("GET", path, None, {})
+            body = await reply.read()
+        return reply.status, orjson.loads(body) if reply.status == 200 else None
 
 
 async def sse_docs(reply: Reply) -> AsyncIterator[dict[str, Any]]:

@@ -37,6 +37,7 @@ from rlgw.gateway.engine_client.backend import (
     _upstream_errors,
     sse_docs,
 )
+from rlgw.gateway.engine_semantics import PADDED, PROCESSED, RAW, EngineSemantics
 from rlgw.gateway.errors import InvalidRequest, StartupError, UpstreamError
 
 GENERATE = "/inference/v1/generate"
@@ -149,11 +150,8 @@ class VLLMBackend(SGLangBackend):
 
     Inherits `SGLangBackend`'s transport and request policy (retries only before the request can
     have reached the engine, abort when cancelled, typed upstream errors); only the wire format
-    and the engine's description differ. `semantics` (set by `model_info`) goes into every sample's
-    metadata as `engine`.
+    and the engine's description differ.
     """
-
-    semantics: dict[str, Any] | None = None
 
     def _vllm_payload(
         self, input_ids: Sequence[int] | np.ndarray, sampling: dict[str, Any], rid: str, stream: bool
@@ -239,14 +237,6 @@ class VLLMBackend(SGLangBackend):
             reply = await self._transport.request("POST", ABORT, body, JSON_HEADERS)
             await reply.read()
 
-    async def _get(self, path: str) -> tuple[int, Any]:
-        with _upstream_errors(self.base_url):
-            reply = await self._transport.request("GET", path, None, {})
-            body = await reply.read()
-        if reply.status != 200:
-            return reply.status, None
-        return 200, orjson.loads(body)
-
     async def model_info(self) -> dict[str, Any]:
         """What vLLM serves, in `/model_info`'s shape, plus `engine` (`engine_semantics`).
 
@@ -277,28 +267,32 @@ class VLLMBackend(SGLangBackend):
             "served_model_name": card["id"],
             "context_length": card.get("max_model_len"),
             "weight_version": (weights or {}).get("weight_version", "default"),
-            "engine": self.semantics,
+            "engine": self.semantics.to_metadata(),
         }
 
 
-def engine_semantics(version: str, logprobs_mode: str | None) -> dict[str, Any]:
+def engine_semantics(version: str, logprobs_mode: str | None) -> EngineSemantics:
     """How this vLLM's recorded logprobs relate to the model's logits (docs/ENGINES.md).
 
     `logprobs_mode` None: the server did not say (no dev mode); vLLM's default is `raw_logprobs`.
+    vLLM normalizes over `config.vocab_size` (its `LogitsProcessor` cuts only the lm-head's
+    tensor-parallel padding), and its `prompt_logprobs` are raw in every mode.
     """
     mode = logprobs_mode or "raw_logprobs"
     if mode not in ("raw_logprobs", "processed_logprobs"):
         raise StartupError(f"vLLM's logprobs_mode {mode!r} returns logits, not logprobs: serve raw_logprobs")
-    return {
-        "kind": "vllm",
-        "version": version,
-        "logprobs_mode": mode,
-        "logprobs_mode_reported": logprobs_mode is not None,
+    return EngineSemantics(
+        kind="vllm",
+        version=version,
         # raw: log_softmax of the model's logits, before penalties, bias, temperature, top-k/p, min-p.
         # processed: after all of them, renormalized over the tokens top-k/p and min-p keep.
-        "logprobs": "raw" if mode == "raw_logprobs" else "processed",
-        "greedy_below": VLLM_GREEDY_BELOW,
-    }
+        logprobs=RAW if mode == "raw_logprobs" else PROCESSED,
+        forced_logprobs=RAW,
+        vocabulary=PADDED,
+        greedy_below=VLLM_GREEDY_BELOW,
+        seed_honoured=True,  # `seed`: a per-request generator, whatever the batch
+        details={"logprobs_mode": mode, "logprobs_mode_reported": logprobs_mode is not None},
+    )
 
 
 ENGINE_KINDS = ("sglang", "vllm")

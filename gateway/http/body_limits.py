@@ -8,7 +8,7 @@ format. Nothing is buffered here.
 
 The message and tool caps need the parsed JSON: `parse_body` reads a turn's JSON body and checks
 them on it (no second parse). This module knows no
-surface's request shape beyond the `messages`/`input` and `tools` lists.
+surface's request shape beyond the `messages`/`input`/`contents` and `tools` lists.
 """
 
 from __future__ import annotations
@@ -55,10 +55,12 @@ class BodyTooLarge(HTTPException):
 
 
 def check_counts(doc: dict[str, Any], caps: RequestCaps) -> None:
-    """400 naming the parameter if `doc` has more messages (or input items) or tools than allowed."""
+    """400 naming the parameter if `doc` has more messages (or input items, or Gemini contents) or
+    tools than allowed."""
     for param, cap in (
         ("messages", caps.max_messages),
         ("input", caps.max_messages),
+        ("contents", caps.max_messages),
         ("tools", caps.max_tools),
     ):
         items = doc.get(param)

@@ -26,6 +26,9 @@ A new conversation's parent is the conversation that spoke last (or the one the 
 
 Echo rules (what a generated turn may come back as and still keep its sampled tokens):
 - with `tool_calls` carrying exactly the ids minted for that turn (order free);
+- with `tool_calls` carrying no ids at all (Gemini's `functionCall` parts need none) whose names
+  and arguments (as JSON values) are exactly the calls served in that turn (order free): recorded
+  as `echo_matches` (`calls`);
 - as plain text with no `tool_calls` whose content names exactly the minted ids of that turn
   and no other minted id (agents such as smolagents echo calls as `Calling tools: [...]`):
   recorded in the sample's metadata as `echo_matches`;
@@ -243,12 +246,17 @@ def tools_digest(tools: list[dict[str, Any]] | None) -> int:
 
 
 def _match_turn(m: dict[str, Any], turn: GeneratedTurn) -> tuple[str, list[str]] | None:
-    """How `m` echoes `turn` ("ids", "ids_in_text", "content"), with the fields it edited; None if not."""
+    """How `m` echoes `turn` ("ids", "calls", "ids_in_text", "content"), with the fields it
+    edited; None if not."""
     if m.get("role") != "assistant":
         return None
     calls = [tc for tc in (m.get("tool_calls") or []) if isinstance(tc, dict)]
     text = content_text(m.get("content"))
     if calls:
+        if not any(tc.get("id") for tc in calls) and turn.calls:
+            if sorted(map(_served, calls)) != sorted(turn.calls):
+                return None
+            return "calls", _edits(turn, [], text)
         if sorted(tc.get("id", "") for tc in calls) != sorted(turn.tool_call_ids):
             return None
         return "ids", _edits(turn, calls, text)
@@ -260,6 +268,12 @@ def _match_turn(m: dict[str, Any], turn: GeneratedTurn) -> tuple[str, list[str]]
     if text.strip() == turn.content.strip():
         return "content", []
     return None
+
+
+def _served(call: dict[str, Any]) -> tuple[str, str]:
+    """A call as `GeneratedTurn.calls` keeps what was served: (name, canonical arguments)."""
+    fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+    return str(fn.get("name") or ""), canonical_arguments(fn.get("arguments"))
 
 
 def _edits(turn: GeneratedTurn, calls: list[dict[str, Any]], text: str) -> list[str]:
@@ -424,7 +438,7 @@ class Ledger:
                         Cause.REWRITE, i, f"history rewritten at message {i} (a generated turn changed)"
                     )
                 how, edits = match
-                if how == "ids_in_text":
+                if how in ("ids_in_text", "calls"):
                     out.echo_matches.append((rec.turn, how))
                 out.echo_edits.extend((rec.turn, f) for f in edits)
             elif m.get("role") != rec.role or message_digest(m) != rec.digest:

@@ -37,11 +37,17 @@ class ModelProfile:
     # as Codex send no `max_output_tokens`, and a turn must not generate to the end of the context.
     # None: the rest of the context.
     default_max_tokens: int | None = None
+    # The model's `config.vocab_size`: the rows of its embedding and output layer, often padded past
+    # the tokenizer's ids (to a multiple of 64 or 128). None: no config was readable.
+    model_vocab: int | None = None
 
     @property
     def vocab_size(self) -> int:
-        """Ids the tokenizer can decode (the model's embedding may be padded beyond it)."""
-        return len(self.tokenizer)
+        """Ids the model can be fed and can sample: its whole (padded) vocabulary where its config says
+        it, else the tokenizer's. SGLang and vLLM sample padded ids (their rows carry probability
+        mass, little in a trained model): such an id is what the model did, and the trainers
+        normalize over the same padded vocabulary; the tokenizer decodes it to nothing."""
+        return self.model_vocab or len(self.tokenizer)
 
 
 def _context_length(configured: int | None, info: dict[str, Any], tokenizer_dir: Path) -> int:
@@ -56,6 +62,20 @@ def _context_length(configured: int | None, info: dict[str, Any], tokenizer_dir:
         if isinstance(value, int) and value > 0:
             return value
     raise StartupError("cannot tell the model's context length: pass --context-length")
+
+
+def _model_vocab(info: dict[str, Any], tokenizer_dir: Path) -> int | None:
+    """`config.vocab_size` (or its text model's, for a multimodal config) from the model's local
+    config.json: the engine's model path, else the tokenizer's directory."""
+    for where in (info.get("model_path"), tokenizer_dir):
+        cfg = Path(str(where)) / "config.json" if where else None
+        if cfg is None or not cfg.is_file():
+            continue
+        doc = json.loads(cfg.read_text())
+        value = doc.get("vocab_size") or (doc.get("text_config") or {}).get("vocab_size")
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def _single_token(tok: Any, text: str) -> int | None:
@@ -103,4 +123,5 @@ def build_profile(
         think_start_ids=think,
         think_end_id=_single_token(tok, THINK_END) if reasoning else None,
         tool_parser_explicit=tool_parser != "auto",
+        model_vocab=_model_vocab(info, Path(str(tok_path))),
     )

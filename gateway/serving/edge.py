@@ -4,7 +4,8 @@ without FastAPI's routing.
 Every request is metered (`metrics`), has its body capped (`body_limits`) and runs with the
 app's `LimitTable` bound (`limits`): one layer, where three wrapped middlewares each cost a
 frame and a wrapped `send` per message. The turn endpoints (each surface's
-`POST /s/{session_id}/v1/<path>` and `POST /v1/<path>`, registered by `routing.session_routes`)
+`POST /s/{session_id}/v1/<path>` and `POST /v1/<path>`, or another API version's, registered by
+`routing.session_routes`)
 are the hot path, hundreds a second: they are matched here by a dict lookup and their handler
 is called directly, skipping FastAPI's router, dependency solving and exception middleware
 (measured by `bench/gateway.py`), and a turn settles (its record applied to the ledger, the
@@ -25,7 +26,7 @@ from starlette.responses import Response
 
 from rlgw.gateway import metrics
 from rlgw.gateway.http import body_limits
-from rlgw.gateway.serving.routing import SessionRoute, session_for_key, session_for_path
+from rlgw.gateway.serving.routing import SessionRoute, route_key, session_for_key, session_for_path
 from rlgw.gateway.tenancy import limits
 from rlgw.gateway.turns.lifecycle import settle_after_reply
 
@@ -34,7 +35,7 @@ ASGIApp = Callable[..., Any]
 
 class Edge:
     """Pure ASGI middleware: meters, caps and binds limits for every request; serves the turn
-    endpoints of `routes` (path under /v1 -> route) itself."""
+    endpoints of `routes` (`SessionRoute.by_key` template -> route) itself."""
 
     def __init__(
         self,
@@ -53,13 +54,12 @@ class Edge:
         """The turn route of a request and the session id in its path (None: named by its key)."""
         if method != "POST":
             return None, None
-        if path.startswith("/v1/"):
-            return self.routes.get(path[3:]), None
-        if path.startswith("/s/"):
-            session_id, _, rest = path[3:].partition("/")
-            if session_id and rest.startswith("v1/"):
-                return self.routes.get(rest[2:]), session_id
-        return None, None
+        if not path.startswith("/s/"):
+            return self.routes.get(route_key(path)), None
+        session_id, _, rest = path[3:].partition("/")
+        if not session_id:
+            return None, None
+        return self.routes.get(route_key("/" + rest)), session_id
 
     async def __call__(self, scope: dict[str, Any], receive: ASGIApp, send: ASGIApp) -> None:
         if scope["type"] != "http":

@@ -50,7 +50,8 @@ class Surface(Generic[CallT]):
     app's OpenAI-shaped handlers).
     """
 
-    path: ClassVar[str]  # the turn endpoint under /v1
+    path: ClassVar[str]  # the turn endpoint under each of `versions`
+    versions: ClassVar[tuple[str, ...]] = ("v1",)  # the API versions it is served under
     name: ClassVar[str]  # the routes' name prefix
     summary: ClassVar[str]  # the OpenAPI description
     done: ClassVar[bytes] = b"data: [DONE]\n\n"  # the stream's closing line (b"": none)
@@ -93,8 +94,17 @@ class Surface(Generic[CallT]):
         return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
 
     def register(self, router: APIRouter) -> None:
-        """Serve this surface's turn endpoint by session path and by session key."""
-        session_routes(router, self.path, self.handle, self.name, errors=self.error_format, doc=self.summary)
+        """Serve this surface's turn endpoint by session path and by session key, per version."""
+        for version in self.versions:
+            session_routes(
+                router,
+                self.path,
+                self.handle,
+                self.name,
+                errors=self.error_format,
+                doc=self.summary,
+                version=version,
+            )
 
 
 async def translated(

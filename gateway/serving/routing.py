@@ -29,25 +29,41 @@ ErrorFormat = Callable[[Request, Exception], Awaitable[Response | None]]
 
 @dataclass(frozen=True, slots=True)
 class SessionRoute:
-    """One surface's turn endpoint (`path` under `/v1`), as the edge serves it."""
+    """One surface's turn endpoint (`path` under `/{version}`), as the edge serves it."""
 
     path: str
     handler: SessionHandler
     errors: ErrorFormat | None = None
+    version: str = "v1"
 
     @property
     def by_path(self) -> str:
         """The route template with the session in the path (also the metrics label)."""
-        return f"/s/{{session_id}}/v1{self.path}"
+        return f"/s/{{session_id}}/{self.version}{self.path}"
 
     @property
     def by_key(self) -> str:
         """The route template for a session named by its key."""
-        return f"/v1{self.path}"
+        return f"/{self.version}{self.path}"
 
 
-# Every surface's turn endpoint, by path under /v1; filled as the surface modules are imported.
+# Every surface's turn endpoint, by its key route's template (`SessionRoute.by_key`, which
+# `route_key` gives for a request's path); filled as the surface modules are imported.
 SESSION_ROUTES: dict[str, SessionRoute] = {}
+
+MODEL_SEGMENT = "/models/"
+
+
+def route_key(path: str) -> str:
+    """The `SESSION_ROUTES` key of a request path after its `/s/{session_id}` (if any): the path
+    itself, or for Gemini's `/{version}/models/{model}:{method}` the template, whatever the model
+    (its name may hold slashes)."""
+    head, colon, method = path.rpartition(":")
+    if colon:
+        version, models, _model = head.partition(MODEL_SEGMENT)
+        if models and "/" not in version[1:]:
+            return f"{version}{MODEL_SEGMENT}{{model}}:{method}"
+    return path
 
 
 def session_routes(
@@ -58,16 +74,17 @@ def session_routes(
     *,
     errors: ErrorFormat | None = None,
     doc: str | None = None,
+    version: str = "v1",
 ) -> None:
-    """Serve `handler` for a session two ways: `POST /s/{session_id}/v1{path}` (the session named
-    in the path; for agents that only let you set a base URL) and `POST /v1{path}` (the session
-    whose key is sent; for agents that only let you set a key).
+    """Serve `handler` for a session two ways: `POST /s/{session_id}/{version}{path}` (the session
+    named in the path; for agents that only let you set a base URL) and `POST /{version}{path}`
+    (the session whose key is sent; for agents that only let you set a key).
 
     The routes are registered on `router` (the OpenAPI document, and any app without the
     edge) and in `SESSION_ROUTES`, from which the edge serves them directly.
     """
-    route = SessionRoute(path, handler, errors)
-    SESSION_ROUTES[path] = route
+    route = SessionRoute(path, handler, errors, version)
+    SESSION_ROUTES[route.by_key] = route
 
     async def by_path(request: Request, session_id: str) -> Response:
         return await handler(request, session_for_path(request, session_id))
@@ -77,6 +94,8 @@ def session_routes(
 
     if doc is None:
         doc = (handler.__doc__ or "").strip().splitlines()[0] if handler.__doc__ else name
+    if version != "v1":
+        name = f"{name}_{version}"
     router.add_api_route(route.by_path, by_path, methods=["POST"], name=f"{name}_by_path", description=doc)
     router.add_api_route(route.by_key, by_key, methods=["POST"], name=f"{name}_by_key", description=doc)
 

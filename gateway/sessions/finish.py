@@ -91,8 +91,9 @@ async def finish(
                 await journal.closed(session.id)
             return stored
         try:
-            # A non-SGLang engine says how to reproduce its logprobs (engine_client/vllm_backend.py).
-            engine = getattr(backend, "semantics", None)
+            # How to reproduce the engine's logprobs, whether its seeds hold (gateway/engine_semantics.py).
+            semantics = getattr(backend, "semantics", None)
+            engine = semantics.to_metadata() if semantics is not None else None
             summary = await store_samples(session, outcome, store=store, vocab_size=vocab_size, engine=engine)
         except RolloutTaken as taken:
             # Another live attempt of this rollout stored it first: this one's samples would be the

@@ -95,12 +95,16 @@ class KeyTable:
 
 
 def bearer_key(request: Request) -> str | None:
-    """The bearer token of the request (`Authorization: Bearer X`, `api-key: X`, or Anthropic's
-    `x-api-key: X`), if any."""
+    """The bearer token of the request (`Authorization: Bearer X`, `api-key: X`, Anthropic's
+    `x-api-key: X`, or Gemini's `x-goog-api-key: X` or `?key=X`), if any."""
     auth = request.headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip() or None
-    return request.headers.get("api-key") or request.headers.get("x-api-key") or None
+    headers = request.headers
+    key = headers.get("api-key") or headers.get("x-api-key") or headers.get("x-goog-api-key")
+    if not key and request.scope.get("query_string"):
+        key = request.query_params.get("key")  # Gemini's clients may send it in the query instead
+    return key or None
 
 
 def require_tenant(request: Request) -> str:

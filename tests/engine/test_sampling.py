@@ -14,7 +14,6 @@ from rlgw.engine.sampling import (
     make_generator,
     parse_sampling_params,
     sample,
-    scaled_logprobs,
 )
 
 
@@ -85,8 +84,16 @@ def test_logprobs_are_after_temperature_before_filters() -> None:
     # The original-logprob switch returns the raw model distribution instead.
     _, raw = sample(logits, [row(params)], original_logprob=True)
     assert torch.allclose(raw, torch.log_softmax(logits, -1))
-    tf = scaled_logprobs(logits, parse_sampling_params(params))
-    assert torch.allclose(tf, lp)
+
+
+def test_ids_past_sample_vocab_keep_their_mass_but_are_never_drawn() -> None:
+    """The model's padded ids: in the logprobs' normalization (as SGLang's), never sampled."""
+    logits = torch.tensor([[0.0, 1.0, 5.0, 5.0]])
+    for seed in range(50):
+        ids, lp = sample(logits, [row({"temperature": 1.0}, seed)], sample_vocab=2)
+        assert ids[0] in (0, 1)
+        assert torch.allclose(lp, torch.log_softmax(logits, -1))
+    assert sample(logits, [row({"temperature": 0})], sample_vocab=2)[0] == [1]
 
 
 def test_top_k_top_p_min_p_restrict_support() -> None:

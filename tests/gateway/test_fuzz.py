@@ -16,22 +16,16 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
 
 from bench.stub_engine import build_app as build_stub_engine
-from rlgw.gateway.app import GatewayConfig, create_app
+from rlgw.gateway.app import TURN_BODIES, GatewayConfig, create_app, openapi_document
 from rlgw.gateway.http.body_limits import RequestCaps
-from rlgw.gateway.surfaces.anthropic import translate as anthropic_translate
-from rlgw.gateway.surfaces.chat_completions import api as openai_api
-from rlgw.gateway.surfaces.completions import api as completions
-from rlgw.gateway.surfaces.responses import translate as responses_translate
 from tests.support.procs import serve_in_thread
 
 TENANT_KEY = "fuzz-tenant-key-0123456789"
 ADMIN_KEY = "fuzz-admin-key-0123456789"
 CONTEXT = 2048
-VOCAB = 4026  # tiny-qwen3's
+VOCAB = 4096  # tiny-qwen3's config.vocab_size (its tokenizer: 4026 ids, the rest padded)
 CAPS = RequestCaps(max_body_bytes=256 * 1024, max_messages=64, max_tools=8)
 
 
@@ -149,35 +143,15 @@ def test_viewer_refuses_a_cursor_past_int64(gw: str) -> None:
 
 # ---------------------------------------------------------------- the fuzz
 
-# Surfaces parse their JSON bodies themselves (one parse on the hot path), so FastAPI's document
-# has no request body for them: the fuzz adds each surface's own pydantic model.
-BODIES: dict[str, type[BaseModel]] = {
-    "/chat/completions": openai_api.ChatCompletionRequest,
-    "/completions": completions.CompletionRequest,
-    "/messages": anthropic_translate.MessagesRequest,
-    "/messages/count_tokens": anthropic_translate.MessagesInput,
-    "/responses": responses_translate.ResponsesRequest,
-}
-
 
 def _document(gw: str) -> dict[str, Any]:
-    doc = httpx.get(gw + "/openapi.json").json()
-    _, defs = models_json_schema(
-        [(m, "validation") for m in BODIES.values()], ref_template="#/components/schemas/{model}"
-    )
-    doc.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
-    for path, ops in doc["paths"].items():
-        model = next((m for suffix, m in BODIES.items() if path.endswith("/v1" + suffix)), None)
-        if model is not None:
-            ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-            ops["post"]["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
-    return doc
+    return openapi_document(httpx.get(gw + "/openapi.json").json())
 
 
 def _credentials(path: str, s: dict[str, Any]) -> dict[str, str]:
     if path.startswith("/admin") or path == "/metrics":
         return _bearer(ADMIN_KEY)
-    if path.startswith("/v1/") and any(path == "/v1" + suffix for suffix in BODIES):
+    if path.startswith("/v1/") and path in TURN_BODIES:
         return _bearer(s["api_key"])  # routes that find the session by its key
     return _bearer(TENANT_KEY)
 

@@ -1,7 +1,8 @@
 """The ledger's rules at their edges, through its public methods (no engine, no template).
 
 Completions prompts that extend (or do not extend) the text and ids of earlier turns; switching
-API surface or tool list; the echo rules (ids in tool_calls, ids named in text, edits recorded);
+API surface or tool list; the echo rules (ids in tool_calls, calls without ids, ids named in text,
+edits recorded);
 signatures that ignore spelling but not meaning; retries and rollback that restore every array;
 segments, passthrough, and the samples built from them (status, metadata, version spans).
 """
@@ -185,6 +186,20 @@ def test_a_text_echo_must_name_exactly_the_minted_ids(called: Ledger) -> None:
     extra = "call_" + "c" * 24
     violation(called.sync(echo(f"Calling tools: [{ID_A}, {ID_B}, {extra}]")), Cause.REWRITE, 1)
     violation(called.sync(echo("Let me see.")), Cause.REWRITE, 1)
+
+
+def test_calls_echoed_without_ids_match_by_names_and_arguments(called: Ledger) -> None:
+    paris = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+    cet = {"type": "function", "function": {"name": "get_time", "arguments": '{"tz": "CET"}'}}
+    rome = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+    # Gemini's functionCall parts need no ids: any order, arguments as JSON values; the text may
+    # differ (recorded as an edit).
+    got = called.sync(echo("Other text.", cet, paris))
+    assert not isinstance(got, Violation)
+    assert got.echo_matches == [(0, "calls")] and got.echo_edits == [(0, "content")]
+    violation(called.sync(echo("", rome, cet)), Cause.REWRITE, 1)  # other arguments
+    violation(called.sync(echo("", paris)), Cause.REWRITE, 1)  # a call missing
+    violation(called.sync(echo("", paris, call(ID_B, '{"tz": "CET"}', "get_time"))), Cause.REWRITE, 1)
 
 
 def test_a_plain_answer_echo_matches_by_content_and_nothing_else() -> None:

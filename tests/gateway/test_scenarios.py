@@ -183,6 +183,12 @@ def sampled_with_seed(a: Agent) -> list[str]:
     return ["start"]
 
 
+def sampled_hot(a: Agent) -> list[str]:
+    """At 0.7 the engine's recorded logprobs are of logits / 0.7, its teacher-forced ones raw."""
+    a.loop(fp.WEATHER, temperature=0.7, seed=3, turns=2)
+    return ["start"]
+
+
 def stop_string_last(a: Agent) -> list[str]:
     a.messages = list(fp.AFTER_TOOL)
     a.call(stop=["21"])
@@ -361,6 +367,7 @@ QWEN3: list[tuple[Scenario, dict[str, Any], bool]] = [
     (unicode_text, OFF, False),
     (content_parts, OFF, False),
     (sampled_with_seed, OFF, False),
+    (sampled_hot, OFF, False),
     (stop_string_last, OFF, False),
     (cut_inside_tool_call, OFF, False),
     (cut_inside_tool_call, ON, False),  # thinking on: the cut falls inside <think>
@@ -431,5 +438,9 @@ def test_the_completions_segment_is_the_engines_ids(qwen3: Stack) -> None:
     sampled = tokens[len(tokens) - n :][mask == 1].tolist()
     engine = [i for rid in doc["metadata"]["engine_rids"] for i in qwen3.recorder.by_rid[rid].output_ids]
     assert sampled == engine
+    # How the embedded engine took these logprobs, and that it honours seeds (its /server_info).
+    sem = doc["metadata"]["engine"]
+    assert (sem["kind"], sem["logprobs"], sem["forced_logprobs"]) == ("rlgw-engine", "scaled", "raw")
+    assert (sem["vocabulary"], sem["seed_honoured"]) == ("padded", True)
     r = httpx.get(qwen3.gateway + "/health")
     assert r.status_code == 200

@@ -1,7 +1,7 @@
-"""The Messages and Responses surfaces' HTTP contract with a scripted engine (tenant keys on).
+"""The Messages, Responses and Gemini surfaces' HTTP contract with a scripted engine (tenant keys on).
 
-Auth by Anthropic's `x-api-key` (a session's key or its tenant's), errors in each surface's
-format before and after the first byte, and a failed turn that records nothing.
+Auth by Anthropic's `x-api-key` and Gemini's `x-goog-api-key` (a session's key or its tenant's), errors
+in each surface's format before and after the first byte, and a failed turn that records nothing.
 """
 
 from __future__ import annotations
@@ -123,3 +123,52 @@ def test_responses_errors_are_openai_errors(gw: str) -> None:
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     r = httpx.post(s["base_url"] + "/responses", json={"input": "hi"}, headers=auth)
     assert r.status_code == 200 and r.json()["output"][0]["content"][0]["text"] == "Hello there."
+
+
+GEMINI_HI = {
+    "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+    "generationConfig": {"maxOutputTokens": 8},
+}
+GENERATE = "/v1beta/models/tiny:generateContent"
+STREAM = "/v1beta/models/tiny:streamGenerateContent?alt=sse"
+
+
+def gemini_status(r: httpx.Response, code: int, status: str) -> None:
+    assert r.status_code == code, r.text
+    assert r.json()["error"]["code"] == code and r.json()["error"]["status"] == status
+
+
+def test_gemini_takes_a_session_or_tenant_key_in_x_goog_api_key(gw: str) -> None:
+    s = session(gw)
+    root = s["base_url"].removesuffix("/v1")
+    r = httpx.post(gw + GENERATE, json=GEMINI_HI, headers={"x-goog-api-key": s["api_key"]})
+    assert r.status_code == 200, r.text
+    candidate = r.json()["candidates"][0]
+    assert candidate["content"] == {"role": "model", "parts": [{"text": "Hello there."}]}
+    assert candidate["finishReason"] == "STOP"
+    r = httpx.post(root + GENERATE, json=GEMINI_HI, headers={"x-goog-api-key": "key-a-0123456789"})
+    assert r.status_code == 200, r.text
+    gemini_status(httpx.post(root + GENERATE, json=GEMINI_HI), 401, "UNAUTHENTICATED")
+    gemini_status(httpx.post(gw + "/s/nope" + GENERATE, json=GEMINI_HI, headers=A), 404, "NOT_FOUND")
+
+
+def test_gemini_engine_failures_are_gemini_errors_and_record_nothing(gw: str, fe: FaultEngine) -> None:
+    s = session(gw)
+    url, key = s["base_url"].removesuffix("/v1") + GENERATE, {"x-goog-api-key": s["api_key"]}
+    fe.script.append("500")
+    gemini_status(httpx.post(url, json=GEMINI_HI, headers=key), 502, "INTERNAL")
+    fe.script.extend(["503"] * 4)  # the engine client's retries, then the answer
+    gemini_status(httpx.post(url, json=GEMINI_HI, headers=key), 503, "UNAVAILABLE")
+    assert info(gw, s["session_id"])["tokens"] == 0
+
+
+def test_a_gemini_stream_fails_with_a_status_before_the_first_token_and_an_event_after(
+    gw: str, fe: FaultEngine
+) -> None:
+    s, r = _streamed(gw, fe, STREAM.replace("/v1beta", ""), GEMINI_HI, "500")
+    assert r.status_code == 502 and r.json()["error"]["status"] == "INTERNAL"
+    s, r = _streamed(gw, fe, STREAM.replace("/v1beta", ""), GEMINI_HI, "drop")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    chunks = [orjson.loads(block.removeprefix("data: ")) for block in r.text.strip().split("\n\n")]
+    assert "candidates" in chunks[0] and chunks[-1]["error"]["code"] >= 500
+    assert info(gw, s["session_id"])["tokens"] == 0

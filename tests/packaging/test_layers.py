@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GATEWAY = ROOT / "gateway"
 BASE = {
     "content",
+    "engine_semantics",
     "errors",
     "ids",
     "metrics",

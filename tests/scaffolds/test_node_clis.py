@@ -1,10 +1,11 @@
-"""The npm CLI scaffolds (Claude Code, Codex, opencode, qwen-code, pi): install, command line, settings, and
-their termination tables.
+"""The npm CLI scaffolds (Claude Code, Codex, opencode, qwen-code, pi, Gemini CLI): install, command line,
+settings, and their termination tables.
 
 The `*_api_error`, `*_turn_failed`, `*_context_error` and `*_stop` logs in `logs/` are the CLIs' own
 event streams from real runs (Claude Code 2.1.332 on today's 400, Codex 0.171.0 on today's 400,
 opencode 1.18.33 finishing against `rlgw serve`; qwen-code 0.15.10 and pi 0.73.1 finishing against the
-fixture builder's scripted server, and answered a 400 in OpenAI's context-length wording), cut to
+fixture builder's scripted server, and answered a 400 in OpenAI's context-length wording; Gemini CLI
+0.61.0 finishing against `rlgw serve` on tiny-agent, and answered its Gemini-worded 400 there), cut to
 the events the parsers read; the other rows are events of the same schema with the field that
 decides the ending changed.
 """
@@ -20,6 +21,7 @@ import pytest
 
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
 from rlgw.scaffolds.codex import NO_COMPACTION, CodexScaffold
+from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold, json_lines
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.pi import PiScaffold
@@ -43,6 +45,7 @@ def argv_of(sc: NodeCliScaffold, command: str) -> list[str]:
         ("opencode", "opencode-ai", "1.18.33", "opencode"),
         ("qwen-code", "@qwen-code/qwen-code", "0.15.10", "qwen"),
         ("pi", "@mariozechner/pi-coding-agent", "0.73.1", "pi"),
+        ("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini"),
     ],
 )
 def test_each_cli_is_a_pinned_npm_package_in_its_own_prefix(name, package, version, binary) -> None:
@@ -142,6 +145,27 @@ def test_qwen_code_talks_to_the_session_chat_surface() -> None:
     assert capped["QWEN_CODE_MAX_OUTPUT_TOKENS"] == "300"
 
 
+def test_gemini_cli_talks_to_the_session_gemini_surface() -> None:
+    sc = GeminiCliScaffold()
+    c = ctx("capture", max_turns=6)
+    assert argv_of(sc, sc.run_command(c)) == [
+        sc.executable, "--yolo", "--output-format", "stream-json", "--model", "tiny", "--prompt",
+    ]  # fmt: skip
+    # The session's root: the CLI appends /v1beta/models/tiny:streamGenerateContent.
+    assert sc.env(c) == {
+        "GOOGLE_GEMINI_BASE_URL": "http://gw:8000/s/abc",
+        "GEMINI_API_KEY": "sk-session",
+        "GEMINI_CLI_HOME": "/rlgw/scaffold/gemini-home",
+        "GEMINI_CLI_TRUST_WORKSPACE": "true",
+    }
+    path = "/rlgw/scaffold/gemini-home/.gemini/settings.json"
+    settings = json.loads(sc.install_files(c)[path])
+    assert settings["security"] == {"auth": {"selectedType": "gemini-api-key"}}
+    assert settings["model"] == {"maxSessionTurns": 6, "compressionThreshold": 1.0}  # compress only when full
+    assert settings["telemetry"] == {"enabled": False}
+    assert json.loads(sc.install_files(ctx("eval"))[path])["model"] == {"maxSessionTurns": 3}
+
+
 @pytest.mark.parametrize("api", ["openai-completions", "openai-responses", "anthropic-messages"])
 def test_pi_models_json_has_one_provider_on_the_session(api: str) -> None:
     sc = PiScaffold(api=api)
@@ -166,6 +190,10 @@ def test_pi_models_json_has_one_provider_on_the_session(api: str) -> None:
 def qwen_result(**fields) -> str:
     base = {"type": "result", "subtype": "success", "is_error": False, "num_turns": 2, "result": "Done."}
     return json.dumps({**base, **fields})
+
+
+def gemini_result(status: str, message: str) -> str:
+    return json.dumps({"type": "result", "status": status, "error": {"type": "Error", "message": message}})
 
 
 def pi_reply(stop: str, error: str = "") -> str:
@@ -246,6 +274,14 @@ CASES = [
     (PiScaffold, pi_reply("error", "500 upstream"), 0, R.ERROR, 1),
     (PiScaffold, pi_reply("aborted"), 1, R.ERROR, 1),
     (PiScaffold, "", 1, R.ERROR, 0),
+    # Gemini CLI: the final result event's status (an API error exits with its HTTP status, mod 256).
+    (GeminiCliScaffold, log("gemini_cli_stop.jsonl").decode(), 0, R.FINISH, 1),
+    (GeminiCliScaffold, log("gemini_cli_context_error.jsonl").decode(), 144, R.CONTEXT_LENGTH_EXCEEDED, 0),
+    (GeminiCliScaffold, gemini_result("error", "Reached max session turns for this session."), 53,
+     R.MAX_TURNS, 0),
+    (GeminiCliScaffold, gemini_result("error", "[API Error: fetch failed]"), 1, R.ERROR, 0),
+    (GeminiCliScaffold, "", 53, R.MAX_TURNS, 0),  # no result event: the turn-limit exit code
+    (GeminiCliScaffold, "", 0, R.FINISH, 0),  # otherwise the base rules
 ]  # fmt: skip
 
 

@@ -1,6 +1,6 @@
-"""Claude Code, Codex, opencode, qwen-code and pi (the last on Chat, Messages and Responses), pinned npm
-releases, run for real through `rlgw serve` on tiny-agent; and Claude Code in a project whose main agent
-delegates to a subagent with its `Agent` tool.
+"""Claude Code, Codex, opencode, qwen-code, pi (on Chat, Messages and Responses) and Gemini CLI (on the
+Gemini surface), pinned npm releases, run for real through `rlgw serve` on tiny-agent; and Claude Code in a
+project whose main agent delegates to a subagent with its `Agent` tool.
 
 Each run goes through the product's own path: `InstalledAgent` with the CLI's scaffold on a local
 sandbox, the scaffold's install command putting the npm package into a cache prefix
@@ -37,6 +37,7 @@ from rlgw.gateway.trajectories.client import GatewayClient
 from rlgw.scaffolds.agent import AgentConfig, InstalledAgent
 from rlgw.scaffolds.claude_code import ClaudeCodeScaffold
 from rlgw.scaffolds.codex import CodexScaffold
+from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.pi import PiScaffold
@@ -66,11 +67,17 @@ SAMPLES: dict[str, list[list[str]]] = {
     "opencode": [["start", "new_conversation"]],
     "qwen-code": [["start"]],
     "pi": [["start"]],
+    "gemini-cli": [["start"]],
     # main (the Agent call, then what tiny-agent makes of the hand-back, whose agent id and timings vary from
     # run to run: an answer, or first a call Claude Code refuses, sometimes cut inside its arguments), the
     # subagent (Bash, the result, an answer)
     "claude-code-agent": [["start", "new_conversation"]],
 }
+
+
+# Gemini CLI is qwen-code's upstream (the same tools, a prompt of the same shape): the fixture, not trained on
+# Gemini CLI's requests, answers its run with qwen-code's call when given qwen-code's instruction.
+INSTRUCTIONS = {**TASKS, "gemini-cli": TASKS["qwen-code"]}
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +118,7 @@ def check_token_exact(st: Stack, doc: dict[str, Any]) -> int:
 async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, run: str | None = None) -> None:
     run = run or scaffold.name
     files = {"README.md": "notes\n", **SETUP_FILES.get(run, {})}
-    task = Task(f"{run}-hello", TASKS[run], setup_files=files, verifier=Verifier(VERIFY, timeout_s=60))
+    task = Task(f"{run}-hello", INSTRUCTIONS[run], setup_files=files, verifier=Verifier(VERIFY, timeout_s=60))
     sandboxes = Sandboxes(tmp_path)
     config = AgentConfig(mode="capture", model="tiny-agent", max_turns=4, agent_timeout_s=900,
                          install_timeout_s=1800, sampling={"temperature": 0.0},
@@ -155,6 +162,11 @@ async def test_opencode(agent_stack: Stack, tmp_path: Path) -> None:
 async def test_qwen_code(agent_stack: Stack, tmp_path: Path) -> None:
     prefix = prefix_for(QwenCodeScaffold)
     await run_cli(agent_stack, QwenCodeScaffold(prefix=prefix), tmp_path)
+
+
+async def test_gemini_cli(agent_stack: Stack, tmp_path: Path) -> None:
+    prefix = prefix_for(GeminiCliScaffold)
+    await run_cli(agent_stack, GeminiCliScaffold(prefix=prefix), tmp_path)
 
 
 @pytest.mark.parametrize("api", ["openai-completions", "anthropic-messages", "openai-responses"])

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import numpy as np
 import openai
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from tests.support import fixture_prompts as fp
 from tests.support.procs import engine_server, free_port, rlgw_process
@@ -209,13 +209,20 @@ def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return runs
 
 
-def expected_increment(tok: Any, history: list[dict], new: list[dict], tools: Any, kw: dict) -> str:
-    """The template's text for `new` after the assistant turn ending `history` (full renders)."""
+def expected_increment(
+    tok: Any, history: list[dict], new: list[dict], tools: Any, kw: dict, *, closed: bool = True
+) -> str:
+    """The template's text for `new` after the assistant turn ending `history` (full renders).
+
+    `closed`: the reply's sampled ids end with the end-of-turn token `<|im_end|>`. A reply that does
+    not (cut at `max_tokens`, by a stop string or another EOS) is closed by the template's
+    `<|im_end|>` in the increment (mask 0), as a full render has it.
+    """
     t = {"tools": tools} if tools else {}
     full = tok.apply_chat_template(history + new, add_generation_prompt=True, tokenize=False, **t, **kw)
     bare = tok.apply_chat_template(history + new, add_generation_prompt=False, tokenize=False, **t, **kw)
     i = bare.rfind("<|im_start|>assistant")
-    j = bare.index("<|im_end|>", i) + len("<|im_end|>")
+    j = bare.index("<|im_end|>", i) + (len("<|im_end|>") if closed else 0)
     return full[j:]
 
 
@@ -238,13 +245,37 @@ def check_engine_spans(st: Stack, doc: dict) -> list[tuple[int, int]]:
 
 
 def check_forced_logprobs(st: Stack, doc: dict, runs: list[tuple[int, int]]) -> None:
-    """The recorded logprobs equal the engine's teacher-forced logprobs of the final series."""
+    """The recorded logprobs equal the engine's teacher-forced logprobs of the final series, read in
+    the sample's semantics (`metadata.engine`): teacher-forced logprobs are the raw model's on every
+    engine, so a turn sampled at T != 1 whose logprobs the engine scaled is compared with
+    log_softmax(raw / T) over the engine's whole distribution at each position."""
     tokens = doc["tokens"]
     p = len(tokens) - doc["response_length"]
     logprobs = np.asarray(doc["rollout_log_probs"])
-    forced = (st.forced_logprobs or sglang_forced_logprobs)(st.engine, list(tokens))
-    for a, b in runs:
-        np.testing.assert_allclose(logprobs[a - p : b - p], forced[a:b], atol=1e-4)
+    temps = scaled_temperatures(doc["metadata"], len(runs))
+    if all(t == 1.0 for t in temps):
+        forced = (st.forced_logprobs or sglang_forced_logprobs)(st.engine, list(tokens))
+        for a, b in runs:
+            np.testing.assert_allclose(logprobs[a - p : b - p], forced[a:b], atol=1e-4)
+        return
+    vocab = AutoConfig.from_pretrained(st.tokenizer.name_or_path).vocab_size
+    rows = sglang_forced_distributions(st.engine, list(tokens), runs[0][0] - 1, vocab)
+    for (a, b), t in zip(runs, temps, strict=True):
+        for pos in range(a, b):
+            raw = rows[pos - runs[0][0]]
+            scaled = raw / t - np.logaddexp.reduce(raw / t)
+            np.testing.assert_allclose(logprobs[pos - p], scaled[tokens[pos]], atol=1e-4)
+
+
+def scaled_temperatures(metadata: dict, turns: int) -> list[float]:
+    """What each sampled turn's recorded logprobs are scaled by: its temperature where the engine
+    says it scales them (`scaled`), 1 for greedy turns and raw logprobs."""
+    engine = metadata.get("engine") or {}
+    recorded = [t["temperature"] for t in metadata.get("turn_temperature") or []]
+    if engine.get("logprobs") != "scaled" or not recorded:
+        return [1.0] * turns
+    assert len(recorded) == turns, (recorded, turns)
+    return [1.0 if t < engine["greedy_below"] else float(t) for t in recorded]
 
 
 def sglang_forced_logprobs(engine: str, tokens: list[int]) -> list[float | None]:
@@ -263,6 +294,30 @@ def sglang_forced_logprobs(engine: str, tokens: list[int]) -> list[float | None]
     return [e[0] for e in r.json()["meta_info"]["input_token_logprobs"]]
 
 
+def sglang_forced_distributions(engine: str, tokens: list[int], start: int, vocab: int) -> list[np.ndarray]:
+    """The raw logprob of every id (a [vocab] array) at each position from `start` + 1 on, given
+    the tokens before it, from SGLang's `/generate` (`logprob_start_len`, every id's top logprob)."""
+    r = httpx.post(
+        engine + "/generate",
+        json={
+            "input_ids": tokens,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": start,
+            "top_logprobs_num": vocab,
+        },
+        timeout=600,
+    )
+    r.raise_for_status()
+    out = []
+    for row in r.json()["meta_info"]["input_top_logprobs"][1:]:
+        dist = np.full(vocab, -np.inf)
+        for lp, tid, *_ in row:
+            dist[tid] = lp
+        out.append(dist)
+    return out
+
+
 def check_sample(st: Stack, doc: dict, run: Run, tools: Any, kw: dict) -> None:
     """The three token-exactness properties of a stored sample."""
     tok = st.tokenizer
@@ -276,10 +331,12 @@ def check_sample(st: Stack, doc: dict, run: Run, tools: Any, kw: dict) -> None:
     prompt = tok.apply_chat_template(run.requests[0], add_generation_prompt=True, tokenize=False, **t, **kw)
     assert tok.decode(tokens[:p].tolist()) == prompt
     assert tokens[:p].tolist() == tok.encode(prompt, add_special_tokens=False)
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
     for k in range(1, len(runs)):
         history = [*run.requests[k - 1], echo(run.replies[k - 1], reserialize=False, drop_reasoning=False)]
         new = run.requests[k][len(history) :]
-        text = expected_increment(tok, history, new, tools, kw)
+        closed = bool(tokens[runs[k - 1][1] - 1] == end_of_turn)
+        text = expected_increment(tok, history, new, tools, kw, closed=closed)
         span = tokens[runs[k - 1][1] : runs[k][0]].tolist()
         assert tok.decode(span) == text
         assert span == tok.encode(text, add_special_tokens=False)

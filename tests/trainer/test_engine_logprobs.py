@@ -1,118 +1,66 @@
 """Both trainers compute the engine's logprobs: temperature and the padded vocabulary, through real sessions.
 
-The model is the tiny Qwen3 fixture, perturbed at test time (every weight plus N(0, 0.03) noise) and with
-its padded embedding rows (ids 4026..4095, past the tokenizer's 4026; tied, so also output rows) set to
-N(0, 0.5): rows the engine masks out but that would carry mass in a plain `log_softmax`. One `rlgw serve`
-(gateway + embedded engine) records sessions sampled at temperature 0.7 and 1.0; each trainer (PyTorch,
-Megatron) runs the step at the served weights (no update), and the step's receipt metrics must show its
-logprobs equal to the engine's: max |trainer - engine| <= 1e-3 and mean IS ratio 1 within 1e-3. Before
-the trainers honoured either, the gap at 0.7 was about 2.9.
+The model is the tiny Qwen3 fixture perturbed at test time with its padded rows far from zero
+(`tests.support.trainer_logprobs.padded_perturbed_model`). One engine, the recording proxy and
+`rlgw serve` (`tests.support.e2e.stack`) record sessions sampled at temperature 0.7 and 1.0; each
+trainer (PyTorch, Megatron) runs the step at the served weights (no update), and the step's receipt
+metrics must show its logprobs equal to the engine's: max |trainer - engine| <= 1e-3 and mean IS
+ratio 1 within 1e-3. The engine normalizes over the model's whole (padded) vocabulary, as SGLang and
+vLLM do, and the samples say so (`metadata.engine`); a trainer normalizing over the tokenizer's
+vocabulary instead is off by far more (checked below, so the fixture keeps its teeth). Before the
+trainers honoured the temperature, the gap at 0.7 was about 2.9. The real-SGLang and vLLM tiers run
+the same helpers on their own `Stack`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
+from rlgw.gateway.engine_semantics import PROCESSED, RAW, EngineSemanticsError, embedded_semantics
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
-from rlgw.gateway.trajectories.client import GatewayClient, StoredTrajectory
-from rlgw.trainer.batch import TemperatureError, build_step, sample_temperature
-from rlgw.trainer.consumer import AcceptancePolicy, TrajectoryConsumer, to_rollouts
-from rlgw.trainer.objective import LossConfig
-from rlgw.trainer.rollouts import ChatRollouts, WordTask
-from rlgw.trainer.services import local_services
-from rlgw.trainer.torch_trainer import OptimConfig, TorchTrainer
-from tests.support.procs import FIXTURES
-
-TEMPERATURES = (0.7, 1.0)
-OPTIM = OptimConfig(lr=0.0)
-HAS_MEGATRON = importlib.util.find_spec("megatron") is not None and (
-    importlib.util.find_spec("megatron.core") is not None
+from rlgw.gateway.trajectories.client import StoredTrajectory
+from rlgw.trainer.batch import Rollout, TemperatureError, build_step, sample_temperature
+from tests.support import trainer_logprobs
+from tests.support.e2e import stack
+from tests.support.trainer_logprobs import (
+    BACKENDS,
+    TEMPERATURES,
+    assert_trainer_matches_engine,
+    make_trainer,
+    padded_perturbed_model,
+    record_word_task,
 )
 
-
-def padded_perturbed_model(dst: Path, tokenizer_vocab: int = 4026) -> Path:
-    """tiny-qwen3 with noisy weights and padded rows far from zero (see the module docstring)."""
-    shutil.copytree(FIXTURES / "tiny-qwen3", dst)
-    gen = torch.Generator().manual_seed(0)
-    state = load_file(str(dst / "model.safetensors"))
-    for name, t in state.items():
-        state[name] = t + 0.03 * torch.randn(t.shape, generator=gen, dtype=t.dtype)
-    emb = state["model.embed_tokens.weight"]
-    assert emb.shape[0] > tokenizer_vocab  # the fixture pads its vocabulary
-    emb[tokenizer_vocab:] = 0.5 * torch.randn(emb[tokenizer_vocab:].shape, generator=gen)
-    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    return dst
-
-
-async def _record(model: Path, work: Path) -> dict[float, list[StoredTrajectory]]:
-    out: dict[float, list[StoredTrajectory]] = {}
-    with local_services(str(model), work) as svc:
-        async with GatewayClient(svc.gateway_url, svc.gateway_key) as gw:
-            consumer = TrajectoryConsumer(gw, work / "cursor")
-            for i, t in enumerate(TEMPERATURES):
-                task = WordTask("Answer with one word: It", "It")
-                source = ChatRollouts([task], groups=2, group_size=4, max_tokens=12, temperature=t, seed=i)
-                got = await source.collect(svc.gateway_url, svc.gateway_key, i)
-                assert got.last_cursor is not None and not got.failed_runs
-                out[t] = await consumer.read_through(got.last_cursor)
-    return out
+megatron_groups = trainer_logprobs.megatron_groups  # torn down with this module
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[float, list[StoredTrajectory]]]:
     root = tmp_path_factory.mktemp("padded")
     model = padded_perturbed_model(root / "model")
-    return model, asyncio.run(_record(model, root))
+    with stack(model, root / "gateway") as st:
+        return model, asyncio.run(record_word_task(st.gateway, root))
 
 
-def _megatron_trainer(model: Path):
-    from rlgw.trainer.megatron_trainer import MegatronTrainer
-
-    return MegatronTrainer(model, LossConfig(), OPTIM)
-
-
-@pytest.fixture(scope="module")
-def megatron_groups():
-    """Megatron's process groups for this module only (other tests may form their own)."""
-    yield
-    if HAS_MEGATRON:
-        import torch.distributed as dist
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
+@pytest.mark.usefixtures("megatron_groups")
 @pytest.mark.parametrize("temperature", TEMPERATURES)
-@pytest.mark.parametrize("backend", ["torch", "megatron"])
-def test_trainer_logprobs_equal_the_engines(
-    recorded, megatron_groups, backend: str, temperature: float
-) -> None:
-    if backend == "megatron" and not HAS_MEGATRON:
-        pytest.skip("megatron-core is not installed (pip install -e '.[train]')")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_trainer_logprobs_equal_the_engines(recorded, backend: str, temperature: float) -> None:
     model, by_temperature = recorded
     items = by_temperature[temperature]
-    # the gateway recorded the temperature of every turn
-    assert {sample_temperature(t.sample) for t in items} == {temperature}
-    rollouts, _ = to_rollouts(items, AcceptancePolicy())
-    assert len(rollouts) == 8 and sum(r.trainable_tokens for r in rollouts) >= 16
-    trainer = _megatron_trainer(model) if backend == "megatron" else TorchTrainer(model, LossConfig(), OPTIM)
-    metrics = trainer.loss_and_backward(build_step(rollouts, micro_batch_rows=3))
-    assert metrics["logprob_gap_max"] <= 1e-3, metrics
-    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-3), metrics
+    assert {t.sample.metadata["engine"]["vocabulary"] for t in items} == {"padded"}
+    assert len({t.sample.rollout_id for t in items}) == 8  # every session kept
+    assert_trainer_matches_engine(make_trainer(backend, model), items, temperature, f"embedded {backend}")
 
 
-def _sample(turns: list[dict] | None) -> Sample:
-    meta = {} if turns is None else {"turn_temperature": turns}
+def _sample(turns: list[dict] | None, engine: dict | None = None) -> Sample:
+    meta = {"engine": engine or embedded_semantics("test").to_metadata()}
+    if turns is not None:
+        meta["turn_temperature"] = turns
     return Sample(np.arange(6, dtype=np.int32), 2, np.ones(2, np.uint8), np.full(2, -1.0, np.float32), 1.0,
                   SampleStatus.COMPLETED, "r0", 0, [VersionSpan("0", 0, 2)], meta)  # fmt: skip
 
@@ -131,7 +79,48 @@ def test_a_segment_is_scaled_by_its_turns_temperature_and_greedy_is_unscaled() -
     ],
 )
 def test_a_step_whose_temperature_cannot_be_honoured_is_refused(turns, says: str) -> None:
-    from rlgw.trainer.batch import Rollout
-
     with pytest.raises(TemperatureError, match=says.replace("[", r"\[").replace("]", r"\]")):
         build_step([Rollout("r0", 0, 1.0, [_sample(turns)])], micro_batch_rows=1)
+
+
+AT_07 = [{"turn": 0, "temperature": 0.7}]
+
+
+def test_raw_logprobs_are_not_scaled_by_the_temperature() -> None:
+    """vLLM's raw_logprobs (and `--return-original-logprob`): the row's temperature is 1."""
+    raw = embedded_semantics("test", original_logprob=True).to_metadata()
+    (mb,) = build_step([Rollout("r0", 0, 1.0, [_sample(AT_07, raw)])], micro_batch_rows=1).micro_batches
+    assert mb.temperature.tolist() == [1.0] and mb.vocabulary == "padded"
+    (mb,) = build_step([Rollout("r0", 0, 1.0, [_sample(AT_07)])], micro_batch_rows=1).micro_batches
+    assert mb.temperature.tolist() == pytest.approx([0.7])
+
+
+def _engine(**changes) -> dict:
+    return {**embedded_semantics("test").to_metadata(), **changes}
+
+
+@pytest.mark.parametrize(
+    ("engines", "says"),
+    [
+        ([None], "no metadata.engine"),
+        ([{"kind": "vllm"}], "lacks version"),
+        (
+            [_engine(logprobs=PROCESSED)],
+            "'processed' logprobs over the 'padded' vocabulary, which the trainers cannot",
+        ),
+        ([_engine(vocabulary="half")], "over the 'half' vocabulary"),
+        ([_engine(), _engine(logprobs=RAW)], "mixes engine logprob semantics"),
+        ([_engine(), _engine(kind="sglang")], "mixes engine logprob semantics"),
+    ],
+)
+def test_a_step_whose_engine_semantics_cannot_be_reproduced_is_refused(engines: list, says: str) -> None:
+    rollouts = []
+    for i, engine in enumerate(engines):
+        sample = _sample(AT_07)
+        if engine is None:
+            del sample.metadata["engine"]
+        else:
+            sample.metadata["engine"] = engine
+        rollouts.append(Rollout(f"r{i}", 0, 1.0, [sample]))
+    with pytest.raises(EngineSemanticsError, match=says):
+        build_step(rollouts, micro_batch_rows=1)

@@ -158,3 +158,6 @@ def test_the_console_shows_one_line_per_iteration_and_no_line_per_request(tmp_pa
     scalars = tensorboard_scalars(tmp_path / "tensorboard")
     assert scalars["reward/mean"] == [(r["iteration"], pytest.approx(r["reward_mean"])) for r in receipts]
     assert [v for _, v in scalars["sync/version"]] == [1.0, 2.0]
+    # The embedded engine honours seeds: the receipts say which engine and that the run is repeatable.
+    assert all(r["engine"]["kind"] == "rlgw-engine" and r["not_repeatable"] is None for r in receipts)
+    assert not any("NOT REPEATABLE" in line for line in console)

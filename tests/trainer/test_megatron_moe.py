@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlgw.gateway.engine_semantics import PADDED
 from rlgw.trainer.config import ParallelSpec
 from rlgw.trainer.megatron_probe import synthetic_step
 from rlgw.trainer.objective import LossConfig, engine_logits, token_log_probs
@@ -53,7 +54,7 @@ def compare(model: Path, device: str) -> float:
     for mb, megatron in zip(step.micro_batches, mt._old_log_probs(step.micro_batches), strict=True):
         ids, temperature = mb.input_ids.to(device), mb.temperature.to(device)
         with torch.no_grad():
-            logits = engine_logits(hf(ids).logits, temperature, mt.sampled_vocab)
+            logits = engine_logits(hf(ids).logits, temperature, mt.vocab_columns[PADDED])
         gap = max(gap, float((token_log_probs(logits, ids) - megatron).abs().max()))
     stored = load_file(str(model / "model.safetensors"))
     exported = dict(mt.export_weights())

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlgw.gateway.engine_semantics import PADDED
 from rlgw.gateway.sample import Sample, SampleStatus, VersionSpan
 from rlgw.gateway.trajectories.client import StoredTrajectory
 from rlgw.trainer.batch import Rollout, build_step
@@ -35,7 +36,7 @@ def sample(
 def on_policy(trainer: TorchTrainer, tokens: list[int], prompt: int, reward: float, rollout: str) -> Sample:
     ids = torch.tensor([tokens])
     with torch.no_grad():
-        logits = engine_logits(trainer.model(ids).logits, torch.ones(1), trainer.sampled_vocab)
+        logits = engine_logits(trainer.model(ids).logits, torch.ones(1), trainer.vocab_columns[PADDED])
         lp = token_log_probs(logits, ids)[0, prompt:].tolist()
     return sample(tokens, prompt, reward, rollout, 0, lp)
 

@@ -32,6 +32,12 @@ def test_one_console_line_says_reward_tokens_losses_served_version_and_time_spli
                  "time rollout 2.4s train 0.1s sync 0.2s"):  # fmt: skip
         assert part in line, (part, line)
     assert "kl" not in summary_line(receipt(1))  # no KL term, no KL figure
+    assert "NOT REPEATABLE" not in line
+
+
+def test_the_console_line_says_when_the_engine_ignores_seeds() -> None:
+    r = {**receipt(1), "not_repeatable": "SGLang 0.5.23 applies sampling_seed only when ..."}
+    assert summary_line(r).endswith("  NOT REPEATABLE: the engine ignores sampling seeds")
 
 
 def test_receipts_reach_tensorboard_event_files(tmp_path: Path) -> None:

@@ -22,6 +22,6 @@ def qwen3_hd64(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 @pytest.fixture(scope="session")
 def vllm_qwen3(qwen3_hd64: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    vllm_python()  # skips (naming RLGW_VLLM) before anything is built when vLLM is not installed
+    vllm_python()  # skips (naming the command that builds it) where the vLLM venv is not built
     with vllm_stack(qwen3_hd64, tmp_path_factory.mktemp("vllm-qwen3")) as st:
         yield st

@@ -1,6 +1,6 @@
 """A generation the gateway gives up on (the agent went away) is aborted on vLLM, not left running.
 
-Slow and skipped unless the vLLM venv is built (`RLGW_VLLM=1`).
+Slow and skipped unless the vLLM venv is built (`python -m tests.support.vllm_env`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ gateway in front of vLLM, GRPO, and after every iteration an xor delta reloaded 
 (`sync/vllm_reload.py`).
 
 vLLM's raw logprobs at temperature 1 are the trainer's own `log_softmax(logits)`, so the PPO ratio of
-freshly sampled tokens is 1. Slow and skipped unless the vLLM venv is built (`RLGW_VLLM=1`); the
-session's vLLM gets the fixture's weights back at the end.
+freshly sampled tokens is 1. Slow and skipped unless the vLLM venv is built
+(`python -m tests.support.vllm_env`); the session's vLLM gets the fixture's weights back at the end.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ solves the task. Checked: the run's status is what the agent did (exit 0, `finis
 file is there), and every stored sample is token-exact against vLLM itself (mask-1 spans are vLLM's
 sampled ids and logprobs for their request, fed exactly the series before them; mask-0 spans are
 canonical tokenizations of the template text; recorded logprobs equal vLLM's teacher-forced ones).
-Slow (its own vLLM start-up) and skipped unless the vLLM venv is built (`RLGW_VLLM=1`) and npm is on PATH.
+Long (a second vLLM start-up, minutes: `RLGW_LONG=1`) and skipped unless the vLLM venv is built
+(`python -m tests.support.vllm_env`) and npm is on PATH.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from tests.support.procs import FIXTURES, REPO
 from tests.support.vllm_env import vllm_python, vllm_stack
 from tests.support.wide_heads import widen_heads
 
-pytestmark = [pytest.mark.slow, pytest.mark.real_agent]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.real_agent]
 
 AGENT = FIXTURES / "tiny-agent"
 

@@ -4,7 +4,7 @@ Each stored sample passes the three token-exactness checks (`tests/support/e2e.p
 itself: mask-1 tokens are vLLM's sampled ids and logprobs for each request id, fed exactly the
 series before them; mask-0 tokens are the template's render; recorded logprobs equal vLLM's
 teacher-forced prompt logprobs of the final series. Slow (vLLM starts in minutes on CPU) and
-skipped unless the vLLM venv is built (`RLGW_VLLM=1`).
+skipped unless the vLLM venv is built (`python -m tests.support.vllm_env`).
 """
 
 from __future__ import annotations

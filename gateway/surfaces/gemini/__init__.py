@@ -1,0 +1,1 @@
+"""The Gemini API surface (`generateContent`, `streamGenerateContent`)."""

@@ -4,9 +4,9 @@ Each test runs once per engine, both serving the same model: tiny-qwen3 with eve
 its padded vocabulary rows (ids past the tokenizer's 4026, up to the model's 4096) far from zero, so a
 softmax over the padded vocabulary and one over the tokenizer's differ (by about 0.01). Reference
 logprobs come from a float32 Hugging Face forward of that model. The assertions are SGLang 0.5.23's
-behaviour; where the embedded engine still differs in a way another branch changes (its logprob
-normalization), the parametrization is a strict xfail naming what differs, so it flips loudly when
-fixed. docs/SGLANG_PROTOCOL.md's table is this module, row for row.
+behaviour, and the embedded engine is held to it; where SGLang's behaviour is a setting the embedded
+engine does not copy (seeds), the test asserts what each does. docs/SGLANG_PROTOCOL.md's table is this
+module, row for row.
 """
 
 from __future__ import annotations
@@ -25,16 +25,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.support.procs import engine_server
 from tests.support.sglang_env import sglang_python, sglang_server
-from tests.trainer.test_engine_logprobs import padded_perturbed_model
+from tests.support.trainer_logprobs import padded_perturbed_model
 
-PADDED = "embedded engine: logprobs over the tokenizer's vocabulary (padded ids -inf), until h-logprobs"
-FORCED_RAW = "embedded engine: teacher-forced logprobs scaled by the temperature, until h-logprobs"
 ENGINES = ("embedded", "sglang")
-
-
-def _xfail_embedded(reason: str) -> pytest.MarkDecorator:
-    """A strict xfail for the embedded engine's parametrization only (applied in the test)."""
-    return pytest.mark.xfail(strict=True, reason=reason)
 
 
 @pytest.fixture(scope="module")
@@ -179,10 +172,8 @@ def test_an_aborted_request_finishes_with_abort(engine: str, prompt: list[int]) 
 
 
 def test_logprobs_are_normalized_over_the_padded_vocabulary(
-    engine: str, prompt: list[int], reference: Any, request: pytest.FixtureRequest
+    engine: str, prompt: list[int], reference: Any
 ) -> None:
-    if _kind(engine) == "embedded":
-        request.applymarker(_xfail_embedded(PADDED))
     out = greedy(engine, prompt, 8)
     ids = prompt + out["output_ids"]
     expected = _expected(reference(ids), ids, len(prompt))
@@ -190,10 +181,8 @@ def test_logprobs_are_normalized_over_the_padded_vocabulary(
 
 
 def test_sampled_logprobs_are_of_logits_over_the_temperature(
-    engine: str, prompt: list[int], reference: Any, request: pytest.FixtureRequest
+    engine: str, prompt: list[int], reference: Any
 ) -> None:
-    if _kind(engine) == "embedded":
-        request.applymarker(_xfail_embedded(PADDED))
     params = {"max_new_tokens": 8, "temperature": 0.7}
     out = generate(engine, prompt, sampling_params=params, return_logprob=True)
     ids = prompt + out["output_ids"]
@@ -202,10 +191,8 @@ def test_sampled_logprobs_are_of_logits_over_the_temperature(
 
 
 def test_teacher_forced_logprobs_are_of_the_raw_logits_at_any_temperature(
-    engine: str, prompt: list[int], reference: Any, request: pytest.FixtureRequest
+    engine: str, prompt: list[int], reference: Any
 ) -> None:
-    if _kind(engine) == "embedded":
-        request.applymarker(_xfail_embedded(f"{FORCED_RAW}; {PADDED}"))
     params = {"max_new_tokens": 1, "temperature": 0.7}
     out = generate(engine, prompt, sampling_params=params, return_logprob=True, logprob_start_len=0)
     rows = out["meta_info"]["input_token_logprobs"]

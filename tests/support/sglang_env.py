@@ -75,9 +75,9 @@ def sglang_python() -> Path:
 def build() -> Path:
     """Build the SGLang venv unless it is ready (under a file lock: another process may be building it)."""
     venv = venv_dir()
-    interpreter = find_python("3.11") or find_python("3.12")
-    if interpreter is None:
-        raise RuntimeError("the sglang 0.5.23 wheel needs Python 3.11 or 3.12")
+    interpreter = find_python("3.11")
+    if interpreter is None:  # sglang 0.5.23 has one wheel, cp311, and no sdist
+        raise RuntimeError("the sglang 0.5.23 wheel needs Python 3.11 (on PATH or in pyenv)")
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f".{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -135,39 +135,51 @@ def server_env() -> dict[str, str]:
 @contextlib.contextmanager
 def sglang_server(model: Path, *extra: str, log: Path | None = None) -> Iterator[str]:
     """`model` served by the real SGLang on a free loopback port (float32, an 8192-token KV pool);
-    yields its base URL. Start-up takes 17-25 s on the 2-core machine.
+    yields its base URL. Start-up takes 17-50 s on the loaded 2-core machine.
 
     Without `--max-total-tokens` the KV pool is sized from free memory (15 GB); without
     `--dtype float32` a float32 checkpoint is served as float16.
     """
-    python = sglang_python()
     port = free_port()
+    proc = start_sglang(model, port, *extra, log=log)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_sglang(proc)
+
+
+def start_sglang(model: Path, port: int, *extra: str, log: Path | None = None) -> subprocess.Popen:
+    """Start SGLang on `model` at `port` (its own process group) and wait for its `/health`; see
+    `sglang_server`. The caller stops it with `stop_sglang`."""
+    python = sglang_python()
     cmd = [
         str(python), "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-total-tokens", "8192",
         "--skip-server-warmup", *extra,
     ]  # fmt: skip
-    out = open(log, "w") if log else subprocess.DEVNULL
+    out = open(log, "a") if log else subprocess.DEVNULL
     env = server_env()
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    with out if log else contextlib.nullcontext():
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        try:
-            wait_healthy(url + "/health", proc, timeout=300)
-        except (RuntimeError, TimeoutError) as exc:
-            tail = log.read_text()[-4000:] if log else ""
-            raise RuntimeError(f"SGLang did not start: {exc}\n{tail}") from exc
-        yield url
-    finally:
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=300)
+    except (RuntimeError, TimeoutError) as exc:
+        stop_sglang(proc)
+        tail = log.read_text()[-4000:] if log else ""
+        raise RuntimeError(f"SGLang did not start: {exc}\n{tail}") from exc
+    return proc
+
+
+def stop_sglang(proc: subprocess.Popen) -> None:
+    """Stop SGLang and its children (the scheduler and detokenizer), whatever state it is in."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, 15)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)  # the scheduler and detokenizer are its children
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
-            proc.wait()
-        if log:
-            out.close()
+        proc.wait()
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@ import pytest
 
 from tests.support.procs import FIXTURES
 
-# The throwaway PostgreSQL cluster's fixtures (`pg_cluster`, `pg_url`).
-pytest_plugins = ["tests.support.postgres"]
+# The throwaway PostgreSQL cluster's fixtures (`pg_cluster`, `pg_url`); per-test time bounds.
+pytest_plugins = ["tests.support.postgres", "tests.support.timeouts"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,8 +9,9 @@ import pytest
 
 from tests.support.procs import FIXTURES
 
-# The throwaway PostgreSQL cluster's fixtures (`pg_cluster`, `pg_url`); per-test time bounds.
-pytest_plugins = ["tests.support.postgres", "tests.support.timeouts"]
+# The throwaway PostgreSQL cluster's fixtures (`pg_cluster`, `pg_url`); per-test time bounds; the
+# watchdog that kills whatever the run started once pytest is gone.
+pytest_plugins = ["tests.support.postgres", "tests.support.timeouts", "tests.support.reaper"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,12 +1,13 @@
 """The quick tier (`python -m pytest -m quick`): every test that starts no process, marked at collection.
 
 No one marks a test quick by hand, so a new test lands in the right tier by what it does. A test is
-quick unless it carries a heavy marker (`HEAVY`), or its module, or one of the fixtures it uses,
-refers to something that starts a process. What starts one is found by reading the source: the
-process APIs (`SPAWNERS`: subprocess, multiprocessing, Ray, Playwright's browser), and, by a
-fixpoint over tests/support, every helper there that reaches one of them (`engine_server`, `stack`,
-`cluster`, `gateway`, ...). The check is by name, so a same-named local only makes a test slower to
-reach, never a process-starting test quick.
+quick unless it carries a heavy marker (`HEAVY`), or its function, or one of the fixtures it uses,
+reads a name that starts a process. What starts one is found by reading the source: the process
+APIs (`SPAWNERS`: subprocess, multiprocessing, Ray, Playwright's browser), the package's own
+starters (`PACKAGE_SPAWNERS`), every helper in tests/support that reaches one (`engine_server`,
+`stack`, `cluster`, `gateway`, ...: a fixpoint, so a new helper counts without being listed), and
+the test module's own functions that reach one. The check is by name, so a same-named local only
+keeps a test out of the quick tier, never lets a process-starting test in.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ SUPPORT = Path(__file__).resolve().parent
 # The suite's own plugins (this one, the reaper, the time bounds) are no helpers a test calls.
 PLUGINS = ("tiers.py", "reaper.py", "timeouts.py")
 HELPERS = frozenset(p.stem for p in SUPPORT.glob("*.py") if p.name not in PLUGINS)
+# The package's own process starters a test may call directly (by name: the package is not read, its
+# names collide across modules).
+PACKAGE_SPAWNERS = frozenset({"local_services", "embedded_engine", "LocalSandbox"})
 
 
 def _code(tree: ast.AST) -> list[ast.AST]:
@@ -54,53 +58,77 @@ def _names(tree: ast.AST) -> set[str]:
             if node.attr in SPAWNERS or (isinstance(node.value, ast.Name) and node.value.id in HELPERS):
                 found.add(node.attr)
         elif isinstance(node, ast.Import | ast.ImportFrom):
-            found.update(alias.name.split(".")[0] for alias in node.names)
-            found.update(alias.name for alias in node.names)
-            if isinstance(node, ast.ImportFrom) and node.module:
-                found.add(node.module.split(".")[0])  # from subprocess import run
+            # The object imported (`from tests.support.e2e import stack`), and a process API anywhere
+            # in the path (`import torch.multiprocessing`, `from subprocess import run`).
+            module = (getattr(node, "module", None) or "").split(".")
+            for alias in node.names:
+                found.add(alias.name.split(".")[0] if isinstance(node, ast.Import) else alias.name)
+                found.update(SPAWNERS.intersection([*module, *alias.name.split(".")]))
     return found
 
 
-@functools.cache
-def starters() -> frozenset[str]:
-    """The names that start a process: `SPAWNERS`, and the tests/support definitions that reach one."""
-    refs: dict[str, set[str]] = {}
-    for path in (SUPPORT / f"{name}.py" for name in HELPERS):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                refs.setdefault(node.name, set()).update(_names(node))
-    found = set(SPAWNERS)
+def _defs(tree: ast.Module) -> dict[str, set[str]]:
+    """Each top-level function and class of a module, with the names it reads."""
+    return {
+        node.name: _names(node)
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
+
+
+def _closure(refs: dict[str, set[str]], seed: frozenset[str]) -> frozenset[str]:
+    """`seed` plus every definition in `refs` that reads one of them, transitively."""
+    found = set(seed)
     while grown := {name for name, used in refs.items() if name not in found and used & found}:
         found |= grown
     return frozenset(found)
 
 
 @functools.cache
-def _source_starts(source: str) -> bool:
-    return bool(_names(ast.parse(source)) & starters())
+def starters() -> frozenset[str]:
+    """`SPAWNERS`, `PACKAGE_SPAWNERS` and the definitions in tests/support that reach one."""
+    refs: dict[str, set[str]] = {}
+    for path in (SUPPORT / f"{name}.py" for name in HELPERS):
+        for name, used in _defs(ast.parse(path.read_text())).items():
+            refs.setdefault(name, set()).update(used)
+    return _closure(refs, SPAWNERS | PACKAGE_SPAWNERS)
 
 
-def _module_starts(path: Path) -> bool:
-    return _source_starts(path.read_text())
+@functools.cache
+def module_starters(path: Path) -> frozenset[str]:
+    """What starts a process as seen from the module at `path`: its own definitions shadow others'."""
+    tree = ast.parse(path.read_text())
+    refs = _defs(tree)
+    seed = starters() - refs.keys()
+    for node in ast.walk(tree):  # `import multiprocessing as mp`: `mp` starts processes here
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            module = set((getattr(node, "module", None) or "").split("."))
+            seed |= {
+                alias.asname
+                for alias in node.names
+                if alias.asname and ((module | set(alias.name.split("."))) & SPAWNERS or alias.name in seed)
+            }
+    return _closure(refs, frozenset(seed))
 
 
-def _fixture_starts(func: object) -> bool:
+def _starts(func: object) -> bool:
+    """Whether the function `func` (a test or a fixture) reads a name that starts a process."""
     try:
-        source = inspect.getsource(func)  # type: ignore[arg-type]
+        source, path = inspect.getsource(func), inspect.getfile(func)  # type: ignore[arg-type]
     except (OSError, TypeError):
         return False  # a fixture of pytest's own (tmp_path, monkeypatch, ...)
-    return _source_starts(textwrap.dedent(source))
+    return bool(_names(ast.parse(textwrap.dedent(source))) & module_starters(Path(path)))
 
 
 def is_quick(item: pytest.Item) -> bool:
     """Whether `item` starts no process, through its module or its fixtures, and carries no heavy marker."""
     if any(item.get_closest_marker(name) for name in HEAVY):
         return False
-    if _module_starts(Path(item.path)):
+    if _starts(getattr(item, "function", None)):
         return False
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info else ()
-    return not any(_fixture_starts(d.func) for chain in defs for d in chain)
+    return not any(_starts(d.func) for chain in defs for d in chain)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker

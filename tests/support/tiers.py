@@ -111,7 +111,7 @@ def module_starters(path: Path) -> frozenset[str]:
     return _closure(refs, frozenset(seed))
 
 
-def _starts(func: object) -> bool:
+def starts_process(func: object) -> bool:
     """Whether the function `func` (a test or a fixture) reads a name that starts a process."""
     try:
         source, path = inspect.getsource(func), inspect.getfile(func)  # type: ignore[arg-type]
@@ -124,11 +124,11 @@ def is_quick(item: pytest.Item) -> bool:
     """Whether `item` starts no process, through its module or its fixtures, and carries no heavy marker."""
     if any(item.get_closest_marker(name) for name in HEAVY):
         return False
-    if _starts(getattr(item, "function", None)):
+    if starts_process(getattr(item, "function", None)):
         return False
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info else ()
-    return not any(_starts(d.func) for chain in defs for d in chain)
+    return not any(starts_process(d.func) for chain in defs for d in chain)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker

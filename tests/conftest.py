@@ -9,8 +9,14 @@ import pytest
 
 from tests.support.procs import FIXTURES
 
-# The throwaway PostgreSQL cluster's fixtures (`pg_cluster`, `pg_url`).
-pytest_plugins = ["tests.support.postgres"]
+# The throwaway PostgreSQL cluster's fixtures (`pg_cluster`, `pg_url`); per-test time bounds; the
+# watchdog that kills whatever the run started once pytest is gone; the quick tier's marking.
+pytest_plugins = [
+    "tests.support.postgres",
+    "tests.support.timeouts",
+    "tests.support.reaper",
+    "tests.support.tiers",
+]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

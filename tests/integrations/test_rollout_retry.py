@@ -35,10 +35,16 @@ async def test_a_retried_rollout_returns_the_stored_one_without_running_again(qw
     assert len(stored) == len(first.samples)  # stored once
 
 
-async def test_two_live_attempts_of_a_rollout_store_it_once(qwen3: Stack) -> None:
-    """A retry launched while the first attempt still runs (its worker thought dead): both run and
-    finish; the first finish stores the rollout, the second is refused (409 `rollout_stored`), its
-    session is dropped, and both report the stored run."""
+async def two_live_attempts(
+    st: Stack, rollout_id: str, *, first_fails: bool = False
+) -> tuple[Rollout, Rollout, list[str]]:
+    """Two attempts of one rollout run at once: both open a session and take turns before either
+    finishes, and the second finishes after the first. With `first_fails`, the first attempt's agent
+    raises after its turns. Returns both outcomes and the sessions in the order they opened.
+
+    An attempt that ends without reaching the rendezvous (its agent failed, or it got a stored outcome
+    and never ran) breaks it, so the other attempt fails instead of waiting for it forever.
+    """
     both_open = asyncio.Barrier(2)
     first_finished = asyncio.Event()
     runs: list[str] = []
@@ -46,24 +52,38 @@ async def test_two_live_attempts_of_a_rollout_store_it_once(qwen3: Stack) -> Non
     async def agent(session: SessionInfo, request: TaskRequest) -> float:
         runs.append(session.session_id)
         await LOOP(session, request)
+        if first_fails and session.session_id == runs[0]:
+            raise RuntimeError("the first attempt's sandbox went away")
         await both_open.wait()  # both sessions exist and have turns before either finishes
         if len(runs) == 2 and session.session_id == runs[1]:
             await first_finished.wait()
         return 1.0 if session.session_id == runs[0] else 0.0
 
-    request = TaskRequest(task_id="twice", rollout_id="live-twice-1", prompt=fp.WEATHER)
-    async with GatewayClient(qwen3.gateway) as gw:
+    request = TaskRequest(task_id="twice", rollout_id=rollout_id, prompt=fp.WEATHER)
+    async with GatewayClient(st.gateway) as gw:
 
         async def attempt() -> Rollout:
-            outcome = await run_rollout(gw, AgentRunner(agent), request)
-            first_finished.set()
-            return outcome
+            try:
+                return await run_rollout(gw, AgentRunner(agent), request)
+            finally:
+                first_finished.set()
+                await both_open.abort()
 
         a, b = await asyncio.gather(attempt(), attempt())
-        assert len(runs) == 2  # both attempts ran their agent
-        with pytest.raises(GatewayRequestError) as gone:
-            await gw.get_session(runs[1])  # the refused attempt's session was deleted
-        assert gone.value.status == 404
+        if len(runs) == 2:
+            with pytest.raises(GatewayRequestError) as gone:
+                await gw.get_session(runs[1])  # the refused attempt's session was deleted
+            assert gone.value.status == 404
+    return a, b, runs
+
+
+async def test_two_live_attempts_of_a_rollout_store_it_once(qwen3: Stack) -> None:
+    """A retry launched while the first attempt still runs (its worker thought dead): both run and
+    finish; the first finish stores the rollout, the second is refused (409 `rollout_stored`), its
+    session is dropped, and both report the stored run."""
+    a, b, runs = await two_live_attempts(qwen3, "live-twice-1")
+    assert a.error is None and b.error is None, (a.error, b.error)
+    assert len(runs) == 2  # both attempts ran their agent
     winner = a if a.session_id == runs[0] else b
     assert a.session_id == b.session_id == runs[0] and a.reward == b.reward == 1.0
     assert (
@@ -72,3 +92,16 @@ async def test_two_live_attempts_of_a_rollout_store_it_once(qwen3: Stack) -> Non
     stored = [d for d in stream(qwen3) if d["rollout_id"] == "live-twice-1"]
     assert {d["metadata"]["session_id"] for d in stored} == {runs[0]}
     assert len(stored) == len(winner.samples) > 0
+
+
+async def test_a_failed_live_attempt_is_what_its_retry_reports(qwen3: Stack) -> None:
+    """The first attempt's agent fails while its retry runs: the failed finish is the stored run, the
+    retry's finish is refused, and both attempts report the failure (neither waits on the other)."""
+    a, b, runs = await two_live_attempts(qwen3, "live-failed-1", first_fails=True)
+    assert len(runs) == 2
+    assert a.session_id == b.session_id == runs[0]
+    assert a.termination == b.termination == "error" and a.reward == b.reward == 0.0
+    assert "the first attempt's sandbox went away" in (a.error or "")
+    assert b.error is None  # the retry reports the stored run: a failed one
+    stored = [d for d in stream(qwen3) if d["rollout_id"] == "live-failed-1"]
+    assert {d["metadata"]["session_id"] for d in stored} <= {runs[0]}

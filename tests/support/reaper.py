@@ -135,7 +135,7 @@ def reap(run_id: str, seen: set[Proc]) -> set[Proc]:
             break
         for pid, _ in sorted(procs):
             with contextlib.suppress(OSError):  # stderr may be a pipe nobody reads any more
-                print(f"rlgw test reaper: run {run_id} left pid {pid}: {command(pid)}", file=sys.stderr)
+                print(f"test reaper: run {run_id} left pid {pid}: {command(pid)}", file=sys.stderr)
         _signal(procs, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
         while alive(procs) and time.monotonic() < deadline:

@@ -21,7 +21,7 @@ a mutant then runs only those tests (stopping at the first failure), and a mutan
 test executes survives without a run. By default every k-th mutant is run, 30 per module
 (`--sample 0` runs them all: about 1050, some 90 minutes on the shared 2-core machine; the
 sample about 14 with `--jobs 1`). Every module's tests run in process, `gateway/turns/lifecycle.py`'s
-included (tests/gateway/test_mutation_gaps_turn.py: the scope, the policy, the sampling
+included (tests/gateway/turns/test_mutation_gaps_turn.py: the scope, the policy, the sampling
 boundary, commit and journal replay); only some seeded bugs' tests start a gateway process.
 A module none of whose tests exist at `--rev` is reported and skipped.
 
@@ -64,31 +64,31 @@ CORE: dict[str, list[str]] = {
     "gateway/sample.py": [
         "tests/gateway/test_sample_validation.py",
         "tests/gateway/test_mutation_gaps_sample.py",
-        "tests/gateway/test_ledger.py",
-        "tests/gateway/test_store_edges.py",
+        "tests/gateway/ledger/test_ledger.py",
+        "tests/gateway/trajectories/test_store_edges.py",
     ],
     "gateway/ledger/ledger.py": [
-        "tests/gateway/test_ledger.py",
-        "tests/gateway/test_ledger_edges.py",
-        "tests/gateway/test_history_rules.py",
-        "tests/gateway/test_history_print.py",
-        "tests/gateway/test_mutation_gaps_ledger.py",
+        "tests/gateway/ledger/test_ledger.py",
+        "tests/gateway/ledger/test_ledger_edges.py",
+        "tests/gateway/ledger/test_history_rules.py",
+        "tests/gateway/ledger/test_history_print.py",
+        "tests/gateway/ledger/test_mutation_gaps_ledger.py",
     ],
     "gateway/model/render.py": [
-        "tests/gateway/test_render_edges.py",
-        "tests/gateway/test_render.py",
-        "tests/gateway/test_mutation_gaps_render.py",
-        "tests/gateway/test_increment_cache.py",
+        "tests/gateway/model/test_render_edges.py",
+        "tests/gateway/model/test_render.py",
+        "tests/gateway/model/test_mutation_gaps_render.py",
+        "tests/gateway/model/test_increment_cache.py",
     ],
     "gateway/model/increment_cache.py": [
-        "tests/gateway/test_increment_cache.py",
-        "tests/gateway/test_render.py",
+        "tests/gateway/model/test_increment_cache.py",
+        "tests/gateway/model/test_render.py",
     ],
     "gateway/trajectories/store.py": [
-        "tests/gateway/test_store.py",
-        "tests/gateway/test_store_edges.py",
-        "tests/gateway/test_store_durability.py",
-        "tests/gateway/test_mutation_gaps_store.py",
+        "tests/gateway/trajectories/test_store.py",
+        "tests/gateway/trajectories/test_store_edges.py",
+        "tests/gateway/trajectories/test_store_durability.py",
+        "tests/gateway/trajectories/test_mutation_gaps_store.py",
     ],
     "sync/delta.py": [
         "tests/sync/test_delta.py",
@@ -107,7 +107,7 @@ CORE: dict[str, list[str]] = {
         "tests/sync/test_durable_defaults.py",
     ],
     # In process: the scope, the policy, the sampling boundary, commit and journal replay.
-    "gateway/turns/lifecycle.py": ["tests/gateway/test_mutation_gaps_turn.py"],
+    "gateway/turns/lifecycle.py": ["tests/gateway/turns/test_mutation_gaps_turn.py"],
 }
 
 # Modules whose tests also run them in subprocesses (a killed writer).
@@ -150,7 +150,7 @@ SEEDED: list[Seed] = [
             ("gateway/ledger/ledger.py", '("name", "tool_call_id")', '("name",)'),
             ("gateway/ledger/ledger.py", '"name", "tool_call_id", "tool_calls"', '"name", "tool_calls"'),
         ),
-        ("tests/gateway/test_history_rules.py",),
+        ("tests/gateway/ledger/test_history_rules.py",),
     ),
     Seed(
         "an echoed turn matches when its tool-call ids are a subset of the minted ones",
@@ -166,7 +166,7 @@ SEEDED: list[Seed] = [
                 "return set(ids) <= set(turn.tool_call_ids)",
             ),
         ),
-        ("tests/gateway/test_history_rules.py",),
+        ("tests/gateway/ledger/test_history_rules.py",),
     ),
     Seed(
         "context room off by one (context - prompt + 1)",
@@ -179,7 +179,7 @@ SEEDED: list[Seed] = [
     Seed(
         "SQLite synchronous=NORMAL instead of FULL",
         (("gateway/trajectories/store.py", "PRAGMA synchronous=FULL", "PRAGMA synchronous=NORMAL"),),
-        ("tests/gateway/test_store_durability.py",),
+        ("tests/gateway/trajectories/test_store_durability.py",),
     ),
     Seed(
         "delta digest check after patching disabled",

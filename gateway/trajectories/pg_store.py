@@ -11,7 +11,7 @@ a sequence may commit 8 first, and a reader that saw 8 and then asks for "after 
 row lock it holds until it commits, so the next writer gets larger cursors only after this one
 is committed and visible: a reader that sees cursor c has already been able to see every
 cursor below c. Writers from all gateways serialize on that row for the few statements of a
-commit (`tests/gateway/test_pg_cursor.py` shows a BIGSERIAL cursor skipping a row and this
+commit (`tests/gateway/trajectories/test_pg_cursor.py` shows a BIGSERIAL cursor skipping a row and this
 one not).
 
 The long poll is woken by `LISTEN`/`NOTIFY`: every commit notifies its tenants (delivered at

@@ -16,8 +16,8 @@ from typing import Any
 
 import openai
 
-from tests.gateway import test_journal
-from tests.gateway.test_journal import KW, _continue, gateway
+from tests.gateway.sessions import test_journal
+from tests.gateway.sessions.test_journal import KW, _continue, gateway
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Run, Stack, check_sample, finish, open_session, stored
 from tests.support.procs import free_port

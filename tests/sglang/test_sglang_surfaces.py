@@ -18,17 +18,17 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.test_anthropic_api import (
-    test_messages_stream_tool_loop_with_thinking_is_one_token_exact_sample,
-)
-from tests.gateway.test_responses_api import (
-    test_responses_stream_chained_by_previous_response_id_is_one_token_exact_sample,
-)
-from tests.gateway.test_tool_choice_grammar import (
+from tests.gateway.parsing.test_tool_choice_grammar import (
     test_anthropic_tool_choice_tool,
     test_chat_named_function_makes_a_model_that_answers_in_text_call_it,
     test_chat_required_streamed_with_thinking,
     test_responses_named_function,
+)
+from tests.gateway.surfaces.test_anthropic_api import (
+    test_messages_stream_tool_loop_with_thinking_is_one_token_exact_sample,
+)
+from tests.gateway.surfaces.test_responses_api import (
+    test_responses_stream_chained_by_previous_response_id_is_one_token_exact_sample,
 )
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Stack, check_engine_spans, finish, open_session, stored

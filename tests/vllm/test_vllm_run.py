@@ -29,10 +29,10 @@ import pytest
 from rlgw.gateway.sample import Sample, validate_sample
 from rlgw.scaffolds.pi import PiScaffold
 from tests.fixtures.build_agent_fixture import TASKS
-from tests.scaffolds.test_real_clis import VERIFY, check_token_exact
 from tests.support.agent_venvs import cache_root
 from tests.support.e2e import Stack, stored
 from tests.support.procs import FIXTURES, REPO
+from tests.support.tiny_agent_runs import VERIFY, check_token_exact
 from tests.support.vllm_env import vllm_python, vllm_stack
 from tests.support.wide_heads import widen_heads
 

@@ -10,7 +10,7 @@ import pytest
 
 from rlgw.gateway.trajectories.store import TrajectoryStore
 from rlgw.gateway.viewer import routes as viewer
-from tests.gateway.test_viewer_training import REWARDS, receipt, write
+from tests.gateway.viewer.test_viewer_training import REWARDS, receipt, write
 from tests.support import browser
 from tests.support.procs import serve_in_thread
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlgw.gateway.trajectories.backends import open_store
-from tests.gateway.test_store_edges import sample
+from tests.gateway.trajectories.test_store_edges import sample
 from tests.support.store_backends import BACKENDS, store_location
 
 

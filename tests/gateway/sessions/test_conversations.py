@@ -21,7 +21,7 @@ from rlgw.gateway.ledger.record import TurnRecord
 from rlgw.gateway.sessions.replay import apply_record
 from rlgw.gateway.sessions.table import Mode, Session
 from rlgw.gateway.turns.messages import conversation_event
-from tests.gateway.test_ledger import _commit
+from tests.gateway.ledger.test_ledger import _commit
 
 MAIN = {"role": "system", "content": "You are the main agent. Use tools."}
 SUB = {"role": "system", "content": "You are a research subagent. Answer briefly."}

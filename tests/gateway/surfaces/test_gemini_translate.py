@@ -263,7 +263,7 @@ def test_route_keys_name_gemini_paths_whatever_the_model(path: str, key: str) ->
     assert route_key(path) == key
 
 
-GEMINI_CLI = Path(__file__).parents[1] / "fixtures" / "gemini_cli" / "second_request.json"
+GEMINI_CLI = Path(__file__).parents[2] / "fixtures" / "gemini_cli" / "second_request.json"
 
 
 def test_gemini_clis_request_is_one_tool_loop_in_chat_messages() -> None:

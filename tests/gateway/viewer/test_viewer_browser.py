@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from rlgw.gateway.trajectories.store import TrajectoryStore
-from tests.gateway.test_viewer import _keyed_app
+from tests.gateway.viewer.test_viewer import _keyed_app
 from tests.support import browser
 from tests.support.procs import serve_in_thread
 from tests.support.viewer_samples import tool_conversation

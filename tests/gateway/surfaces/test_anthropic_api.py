@@ -178,11 +178,11 @@ def test_switching_from_chat_to_messages_opens_a_mode_switch_segment(qwen3: Stac
     assert [c["cause"] for c in summary["segment_causes"]] == ["start", "mode_switch"]
 
 
-CLAUDE_CODE = Path(__file__).parents[1] / "fixtures" / "claude_code" / "first_request.json"
+CLAUDE_CODE = Path(__file__).parents[2] / "fixtures" / "claude_code" / "first_request.json"
 
 
 def claude_code_request() -> dict[str, Any]:
-    """Claude Code's captured first request (tests/gateway/test_mid_system.py), cut down to fit
+    """Claude Code's captured first request (tests/gateway/surfaces/test_mid_system.py), cut down to fit
     tiny-qwen3's 8k context: two of its tools and shorter texts, its shape unchanged."""
     body = json.loads(CLAUDE_CODE.read_text())
     body["tools"] = [t for t in body["tools"] if t["name"] in ("Bash", "Write")]

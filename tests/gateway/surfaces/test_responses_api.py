@@ -202,7 +202,7 @@ def test_agents_sdk_default_model_runs_a_recorded_tool_loop(qwen3: Stack) -> Non
     recorded(qwen3, s["session_id"], run, {"enable_thinking": False})
 
 
-CODEX = Path(__file__).parents[1] / "fixtures" / "codex" / "first_request.json"
+CODEX = Path(__file__).parents[2] / "fixtures" / "codex" / "first_request.json"
 
 
 def test_hosted_tools_are_left_out_and_call_arguments_stream_as_sampled(qwen3: Stack) -> None:

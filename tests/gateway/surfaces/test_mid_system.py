@@ -25,7 +25,7 @@ from rlgw.gateway.surfaces.anthropic.errors import anthropic_error_body, error_h
 from rlgw.gateway.surfaces.anthropic.mid_system import fold_mid_system, places_mid_system, reminder
 from rlgw.gateway.tenancy.limits import RateLimited
 
-CAPTURED = Path(__file__).parents[1] / "fixtures" / "claude_code" / "first_request.json"
+CAPTURED = Path(__file__).parents[2] / "fixtures" / "claude_code" / "first_request.json"
 
 
 def captured() -> dict[str, Any]:

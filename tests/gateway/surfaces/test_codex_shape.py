@@ -27,7 +27,7 @@ from rlgw.gateway.surfaces.responses import translate as rt
 from rlgw.gateway.turns.lifecycle import engine_sampling
 from rlgw.gateway.turns.messages import ChatDelta, ChatStart
 
-CAPTURED = Path(__file__).parents[1] / "fixtures" / "codex" / "first_request.json"
+CAPTURED = Path(__file__).parents[2] / "fixtures" / "codex" / "first_request.json"
 
 
 def captured() -> rt.ResponsesRequest:

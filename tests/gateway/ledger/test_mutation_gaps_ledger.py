@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rlgw.gateway.ledger.ledger import Ledger
 from rlgw.gateway.sample import VersionSpan, validate_sample
-from tests.gateway.test_ledger_edges import turn
+from tests.gateway.ledger.test_ledger_edges import turn
 
 
 def test_adjacent_spans_of_one_version_merge() -> None:

@@ -25,7 +25,9 @@ from tests.support.sglang_env import sglang_python, sglang_server
 pytest.importorskip("sglang_router")
 pytestmark = pytest.mark.slow
 
-SESSIONS = 4
+# The manual policy gives a new key a random worker: all 12 sessions on one of two workers (the spread
+# check failing) has probability 2**-11. With 4 sessions one CI run in 8 would see it.
+SESSIONS = 12
 TURNS = 3
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 

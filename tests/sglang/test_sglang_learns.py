@@ -10,7 +10,6 @@ The session's SGLang gets the fixture's weights back at the end.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -19,18 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rlgw.sync.sglang_reload import load_into_engine
 from rlgw.trainer.loop import load_dump
 from tests.support.e2e import Stack
 from tests.support.procs import REPO
+from tests.support.sglang_env import restore_weights
 
 pytestmark = pytest.mark.slow
 ITERATIONS = 16
-
-
-async def _restore(url: str, model: Path) -> None:
-    async with httpx.AsyncClient(timeout=300) as client:
-        await load_into_engine(client, url, model, "default")
 
 
 def _versions_sampled(dump: Path, iterations: int) -> list[set[str]]:
@@ -59,7 +53,7 @@ def test_the_loop_learns_with_sglang_serving(sglang_qwen3: Stack, tmp_path: Path
             cwd=REPO, capture_output=True, text=True, timeout=1500,
         )  # fmt: skip
     finally:
-        asyncio.run(_restore(sglang_qwen3.engine, model))
+        restore_weights(sglang_qwen3.engine, model)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     receipts = [json.loads(line) for line in (tmp_path / "work" / "receipts.jsonl").read_text().splitlines()]
     rewards = [r["reward_mean"] for r in receipts]

@@ -45,7 +45,7 @@ async def load_into_engine(client: httpx.AsyncClient, url: str, path: Path, vers
     if not doc.get("success"):
         raise TransferError(f"{url} could not load v{version}: {doc.get('message')}")
     took = time.perf_counter() - t0
-    served = (await served_versions([url]))[0]
+    served = await _served(client, url)
     if served != version:
         raise FleetMismatch(f"{url} serves weight version {served!r} after loading v{version}")
     return took
@@ -77,8 +77,11 @@ async def apply_version(
     return result
 
 
+async def _served(client: httpx.AsyncClient, url: str) -> str:
+    return str((await _call(client, "GET", f"{url}/model_info")).json().get("weight_version"))
+
+
 async def served_versions(urls: Sequence[str], http_timeout: float = 60.0) -> list[str]:
     """The weight version each SGLang engine at `urls` serves (`GET /model_info`)."""
     async with httpx.AsyncClient(timeout=http_timeout) as client:
-        docs = await asyncio.gather(*(_call(client, "GET", f"{u.rstrip('/')}/model_info") for u in urls))
-    return [str(r.json().get("weight_version")) for r in docs]
+        return list(await asyncio.gather(*(_served(client, u.rstrip("/")) for u in urls)))

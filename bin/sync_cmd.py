@@ -57,10 +57,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     app.add_argument("--local-dir", default=None, help="host-local checkpoint directory")
     app.add_argument(
         "--engine-kind",
-        choices=("rlgw", "vllm"),
+        choices=("rlgw", "vllm", "sglang"),
         default="rlgw",
         help="rlgw: engines that pull themselves (/pull_weights); vllm: pull here into --local-dir, then "
-        "reload each vLLM in place (needs VLLM_SERVER_DEV_MODE=1 on the server)",
+        "reload each vLLM in place (needs VLLM_SERVER_DEV_MODE=1 on the server); sglang: pull here, then "
+        "each SGLang loads it with /update_weights_from_disk",
     )
 
     st = actions.add_parser(
@@ -154,11 +155,12 @@ def _apply(args: argparse.Namespace) -> int:
         state = "already there" if result.already else f"via {result.chain}"
         print(f"{result.path}: v{result.version} {state}, digest {result.checkpoint_digest}")
         return 0
-    if args.engine_kind == "vllm":
-        from rlgw.sync.vllm_reload import apply_version
+    if args.engine_kind in ("vllm", "sglang"):
+        import importlib
 
-        result = asyncio.run(apply_version(args.engine, root, args.version, local))
-        print(f"{len(args.engine)} vLLM engine(s) serve v{args.version} from {result.path}")
+        reload = importlib.import_module(f"rlgw.sync.{args.engine_kind}_reload")
+        result = asyncio.run(reload.apply_version(args.engine, root, args.version, local))
+        print(f"{len(args.engine)} {args.engine_kind} engine(s) serve v{args.version} from {result.path}")
         return 0
     client = SyncClient(args.engine)
 

@@ -115,10 +115,11 @@ class SyncSpec(_Strict):
         "delta", description="Publish deltas after the first full version, or every version full."
     )
     encoding: Literal["xor", "overwrite"] = Field("xor", description="How a delta encodes changed tensors.")
-    engine_kind: Literal["rlgw", "vllm"] = Field(
+    engine_kind: Literal["rlgw", "vllm", "sglang"] = Field(
         "rlgw",
         description="`rlgw`: engines pull each version themselves (`/pull_weights`); `vllm`: pulled here and "
-        "reloaded in place (`sync/vllm_reload.py`).",
+        "reloaded in place (`sync/vllm_reload.py`); `sglang`: pulled here and loaded with SGLang's "
+        "`/update_weights_from_disk` (`sync/sglang_reload.py`).",
     )
     full_every: int = Field(
         1000,

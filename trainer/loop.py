@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -108,11 +109,13 @@ class WeightSync:
         """Publish `version` (full first, then the configured kind) and have every engine serve it."""
         kind = "full" if self.publisher.index is None else self.kind
         index = await asyncio.to_thread(self.publisher.publish, trainer.export_weights(), version, kind)
-        if self.engine_kind == "vllm":
-            from rlgw.sync.vllm_reload import apply_version, served_versions
-
-            await apply_version(self.engine_urls, self.root, version, self.local_dir, durable=self.durable)
-            served = await served_versions(self.engine_urls)
+        if self.engine_kind in ("vllm", "sglang"):
+            # Engines that cannot pull: the version is pulled here and loaded through their own route.
+            reload = importlib.import_module(f"rlgw.sync.{self.engine_kind}_reload")
+            await reload.apply_version(
+                self.engine_urls, self.root, version, self.local_dir, durable=self.durable
+            )
+            served = await reload.served_versions(self.engine_urls)
         else:
             await self.client.pull(self.root, version, self.local_dir, durable=self.durable)
             served = [s.weight_version for s in await self.client.status(live=False)]

@@ -10,42 +10,20 @@ spread over both workers.
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.support.procs import engine_server, free_port, rlgw_process, wait_healthy
+from tests.support.procs import engine_server, free_port, rlgw_process
 from tests.support.recording_proxy import Recorder, recording_proxy
+from tests.support.router_proc import router
 
 pytest.importorskip("sglang_router")
 
 SESSIONS = 8
 TURNS = 3
-
-
-@contextlib.contextmanager
-def router(workers: list[str]) -> Iterator[str]:
-    """`sglang-router` with the manual (routing-key) policy in front of `workers`."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--policy", "manual", "--log-level", "warn"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url + "/health", proc, timeout=120)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.slow

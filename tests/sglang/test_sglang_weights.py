@@ -8,6 +8,8 @@ It ends on the fixture's own weights again (v2), so the session's SGLang serves 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -19,6 +21,8 @@ from rlgw.sync.publisher import WeightPublisher
 from rlgw.sync.pull import pull
 from tests.support import fixture_prompts as fp
 from tests.support.e2e import Stack, finish, open_session, stored
+from tests.support.procs import REPO
+from tests.support.sglang_env import restore_weights
 
 
 def _answer(st: Stack) -> dict:
@@ -80,3 +84,31 @@ def test_a_full_then_an_xor_delta_version_load_from_disk(sglang_qwen3: Stack, tm
     assert back["text"] == "The capital of France is Paris."
     assert {s["version"] for s in back["sample"]["weight_versions"]} == {"2"}
     assert _engine_version(sglang_qwen3) == "2"
+
+
+def test_rlgw_sync_apply_loads_a_version_into_sglang(sglang_qwen3: Stack, tmp_path: Path) -> None:
+    # `rlgw sync apply --engine-kind sglang`: pulled here, loaded with /update_weights_from_disk, and the
+    # version SGLang reports afterwards checked. The fixture's own weights, so the answer stays the same.
+    model = Path(httpx.get(sglang_qwen3.engine + "/model_info").json()["model_path"])
+    pub = WeightPublisher(tmp_path / "pub", aux_src=model, durable=False)
+    pub.publish(load_file(str(model / "model.safetensors")).items(), 7, "full")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "rlgw.bin.main", "sync", "apply", "--root", str(pub.root), "--version",
+             "7", "--local-dir", str(tmp_path / "local"), "--engine", sglang_qwen3.engine,
+             "--engine-kind", "sglang"],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "1 sglang engine(s) serve v7" in done.stdout
+        assert (
+            httpx.get(sglang_qwen3.engine + "/model_info")
+            .json()["model_path"]
+            .startswith(str(tmp_path / "local"))
+        )
+        assert _engine_version(sglang_qwen3) == "7"
+        back = _answer(sglang_qwen3)
+        assert back["text"] == "The capital of France is Paris."
+        assert {s["version"] for s in back["sample"]["weight_versions"]} == {"7"}
+    finally:
+        restore_weights(sglang_qwen3.engine, model)

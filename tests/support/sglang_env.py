@@ -20,6 +20,7 @@ command, when it is not built. The install is the lean CPU one of the reference
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
@@ -30,9 +31,11 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from rlgw.sync.sglang_reload import load_into_engine
 from tests.support.agent_venvs import READY, find_python
 from tests.support.e2e import Stack
 from tests.support.procs import free_port, rlgw_process, wait_healthy
@@ -180,6 +183,17 @@ def stop_sglang(proc: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
         proc.wait()
+
+
+def restore_weights(url: str, model: Path) -> None:
+    """Load the checkpoint at `model` back into the SGLang at `url` under its start-up version name
+    (`default`): how a test that synced other weights leaves a shared server as it found it."""
+
+    async def load() -> None:
+        async with httpx.AsyncClient(timeout=300) as client:
+            await load_into_engine(client, url, model, "default")
+
+    asyncio.run(load())
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -152,19 +153,25 @@ def test_an_aborted_request_finishes_with_abort(engine: str, prompt: list[int]) 
     rid = f"conformance-abort-{time.time_ns()}"
     params = {"max_new_tokens": 4000, "ignore_eos": True, "temperature": 1.0}
     got: dict[str, Any] = {}
+    running = threading.Event()  # the abort goes out once the engine has streamed a token: it is running
 
     def run() -> None:
-        body = {"input_ids": prompt, "rid": rid, "sampling_params": params}
-        r = httpx.post(engine + "/generate", json=body, timeout=120)
-        got["status"], got["body"] = r.status_code, r.json()
+        body = {"input_ids": prompt, "rid": rid, "sampling_params": params, "stream": True}
+        with httpx.stream("POST", engine + "/generate", json=body, timeout=120) as r:
+            got["status"] = r.status_code
+            for line in r.iter_lines():
+                if line.startswith("data:") and line.strip() != "data: [DONE]":
+                    got["last"] = orjson.loads(line[5:])
+                    running.set()
+        running.set()
 
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(1.0)
+    assert running.wait(120), "the engine streamed nothing"
     assert httpx.post(engine + "/abort_request", json={"rid": rid}, timeout=30).status_code == 200
     thread.join(60)
     assert got["status"] == 200
-    meta = got["body"]["meta_info"]
+    meta = got["last"]["meta_info"]
     assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] < 4000
 
 

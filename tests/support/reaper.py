@@ -134,8 +134,10 @@ def reap(run_id: str, seen: set[Proc]) -> set[Proc]:
         if not procs:
             break
         for pid, _ in sorted(procs):
+            if not (cmd := command(pid)):
+                continue  # a zombie (an empty command line): it has exited, its parent not yet waited
             with contextlib.suppress(OSError):  # stderr may be a pipe nobody reads any more
-                print(f"test reaper: run {run_id} left pid {pid}: {command(pid)}", file=sys.stderr)
+                print(f"test reaper: run {run_id} left pid {pid}: {cmd}", file=sys.stderr)
         _signal(procs, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
         while alive(procs) and time.monotonic() < deadline:

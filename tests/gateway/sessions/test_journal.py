@@ -98,10 +98,12 @@ def test_kill_9_during_a_turn_leaves_it_absent_and_the_session_goes_on(world: di
         client = openai.OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
         msg = _call(client, run, messages)
         _continue(messages, msg)
-        # A turn in flight: the first streamed chunk arrived, the generation is not finished.
+        # A turn in flight: the first streamed chunk arrived, the generation is not finished (it runs past
+        # its end-of-turn token to 1500 tokens, seconds on this engine, so the kill cannot come after it).
         stream = client.chat.completions.create(
-            model="m", messages=messages, tools=fp.TOOLS, stream=True, extra_body={"chat_template_kwargs": KW}
-        )
+            model="m", messages=messages, tools=fp.TOOLS, stream=True, max_tokens=1500,
+            extra_body={"chat_template_kwargs": KW, "ignore_eos": True},
+        )  # fmt: skip
         next(iter(stream))
         first.send_signal(signal.SIGKILL)
         first.wait()

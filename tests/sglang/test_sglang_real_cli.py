@@ -5,11 +5,12 @@ through `InstalledAgent` against `rlgw serve` in front of the recording proxy an
 one sample, and every sample token-exact against SGLang's own output ids, logprobs and teacher-forced
 logprobs.
 
-SGLang serves tiny-agent with its native Qwen3 (its default) at the fixture's 64k positions, with a KV pool
-that holds a whole CLI prompt (`--max-total-tokens`; a few MB at this size). That native Qwen3 ignores the
-config's sliding-window layers (`layer_types`; `sglang/srt/models/qwen3.py` gives its attention no window):
-it attends over the whole prompt where the fixture was trained on a 256-token window. The fixture still
-makes pi's call and answer; `--model-impl transformers`, whose layers read `layer_types`, passes too.
+SGLang serves tiny-agent at the fixture's 64k positions with a KV pool that holds a whole CLI prompt
+(`--max-total-tokens`; a few MB at this size), through its transformers model implementation
+(`--model-impl transformers`): SGLang's native Qwen3 ignores the config's sliding-window layers
+(`layer_types`; `sglang/srt/models/qwen3.py` gives its attention no window) and so attends over pi's whole
+~2k-token prompt where the fixture was trained on a 256-token window; greedy decoding then degenerated in one
+run here ("to to to ..." to the length cap). The transformers implementation reads `layer_types`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from tests.support.sglang_env import sglang_python, sglang_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_agent]
 CONTEXT = 65536
-ENGINE_ARGS = ("--context-length", str(CONTEXT), "--max-total-tokens", str(CONTEXT))
+ENGINE_ARGS = (
+    "--context-length",
+    str(CONTEXT),
+    "--max-total-tokens",
+    str(CONTEXT),
+    "--model-impl",
+    "transformers",
+)
 
 
 @pytest.fixture(scope="module")

@@ -96,14 +96,16 @@ class KeyTable:
 
 def bearer_key(request: Request) -> str | None:
     """The bearer token of the request (`Authorization: Bearer X`, `api-key: X`, Anthropic's
-    `x-api-key: X`, or Gemini's `x-goog-api-key: X` or `?key=X`), if any."""
+    `x-api-key: X`, or Gemini's `x-goog-api-key: X`, or `?key=X` on Gemini's routes), if any."""
     auth = request.headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip() or None
     headers = request.headers
     key = headers.get("api-key") or headers.get("x-api-key") or headers.get("x-goog-api-key")
-    if not key and request.scope.get("query_string"):
-        key = request.query_params.get("key")  # Gemini's clients may send it in the query instead
+    if not key and request.scope.get("query_string") and ":" in request.url.path.rsplit("/", 1)[-1]:
+        # Gemini's clients may send it in the query instead; only its `models/{model}:method` routes take it
+        # there, so no other route's key ends up in a URL a proxy logs.
+        key = request.query_params.get("key")
     return key or None
 
 

@@ -172,3 +172,13 @@ def test_a_gemini_stream_fails_with_a_status_before_the_first_token_and_an_event
     chunks = [orjson.loads(block.removeprefix("data: ")) for block in r.text.strip().split("\n\n")]
     assert "candidates" in chunks[0] and chunks[-1]["error"]["code"] >= 500
     assert info(gw, s["session_id"])["tokens"] == 0
+
+
+def test_only_geminis_routes_take_a_key_in_the_query(gw: str) -> None:
+    # Gemini's clients may send `?key=`; nowhere else may a key travel in a URL (a proxy's logs keep URLs).
+    root = session(gw)["base_url"].removesuffix("/v1")
+    r = httpx.post(root + GENERATE, params={"key": "key-a-0123456789"}, json=GEMINI_HI)
+    assert r.status_code == 200, r.text
+    body = {"task_id": "query-key"}
+    assert httpx.post(gw + "/v1/sessions", params={"key": "key-a-0123456789"}, json=body).status_code == 401
+    assert httpx.post(gw + "/v1/sessions", headers=A, json=body).status_code == 200

@@ -21,19 +21,10 @@ from pathlib import Path
 import httpx
 
 from rlgw.sync.errors import FleetMismatch, TransferError
-from rlgw.sync.pull import PullResult, pull
+from rlgw.sync.host_load import call, pull_and_load
+from rlgw.sync.pull import PullResult
 
 log = logging.getLogger(__name__)
-
-
-async def _call(client: httpx.AsyncClient, method: str, url: str, **kw: object) -> httpx.Response:
-    try:
-        r = await client.request(method, url, **kw)  # type: ignore[arg-type]
-    except httpx.HTTPError as exc:
-        raise TransferError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
-    if r.status_code != 200:
-        raise TransferError(f"{method} {url} answered {r.status_code}: {r.text[:500]}")
-    return r
 
 
 async def load_into_engine(client: httpx.AsyncClient, url: str, path: Path, version: str) -> float:
@@ -41,7 +32,7 @@ async def load_into_engine(client: httpx.AsyncClient, url: str, path: Path, vers
     the load took. Raises `FleetMismatch` when the engine then reports another version."""
     t0 = time.perf_counter()
     body = {"model_path": str(path), "weight_version": version}
-    doc = (await _call(client, "POST", f"{url}/update_weights_from_disk", json=body)).json()
+    doc = (await call(client, "POST", f"{url}/update_weights_from_disk", json=body)).json()
     if not doc.get("success"):
         raise TransferError(f"{url} could not load v{version}: {doc.get('message')}")
     took = time.perf_counter() - t0
@@ -65,11 +56,9 @@ async def apply_version(
     `local`: the host-local directory the version is materialized in (None: a full version is
     loaded from `source` itself). Raises `WeightSyncError` when any engine did not end on `version`.
     """
-    result = await asyncio.to_thread(pull, source, version, local, durable=durable)
-    async with httpx.AsyncClient(timeout=http_timeout) as client:
-        took = await asyncio.gather(
-            *(load_into_engine(client, u.rstrip("/"), result.path, str(version)) for u in urls)
-        )
+    result, took = await pull_and_load(
+        urls, source, version, local, load_into_engine, durable=durable, http_timeout=http_timeout
+    )
     log.info(
         "SGLang engines loaded",
         extra={"fields": {"version": version, "engines": len(urls), "load_s": [round(t, 3) for t in took]}},
@@ -78,7 +67,7 @@ async def apply_version(
 
 
 async def _served(client: httpx.AsyncClient, url: str) -> str:
-    return str((await _call(client, "GET", f"{url}/model_info")).json().get("weight_version"))
+    return str((await call(client, "GET", f"{url}/model_info")).json().get("weight_version"))
 
 
 async def served_versions(urls: Sequence[str], http_timeout: float = 60.0) -> list[str]:

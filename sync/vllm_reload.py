@@ -26,27 +26,20 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 
 import httpx
 
 from rlgw.sync.errors import FleetMismatch, TransferError, WeightSyncError
-from rlgw.sync.pull import PullResult, pull
+from rlgw.sync.host_load import call, pull_and_load
+from rlgw.sync.pull import PullResult
 
 log = logging.getLogger(__name__)
 
 
-async def _call(client: httpx.AsyncClient, method: str, url: str, **kw: object) -> httpx.Response:
-    try:
-        r = await client.request(method, url, **kw)  # type: ignore[arg-type]
-    except httpx.HTTPError as exc:
-        raise TransferError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
-    if r.status_code == 404:
-        raise WeightSyncError(f"{url} is not served: start vLLM with VLLM_SERVER_DEV_MODE=1")
-    if r.status_code != 200:
-        raise TransferError(f"{method} {url} answered {r.status_code}: {r.text[:500]}")
-    return r
+def _call(client: httpx.AsyncClient, method: str, url: str, **kw: object) -> Awaitable[httpx.Response]:
+    return call(client, method, url, missing="start vLLM with VLLM_SERVER_DEV_MODE=1", **kw)
 
 
 async def reload_engine(client: httpx.AsyncClient, url: str, path: Path, version: str) -> float:
@@ -85,19 +78,9 @@ async def apply_version(
     `local`: the host-local directory the version is materialized in (None: a full version is
     loaded from `source` itself). Raises `WeightSyncError` when any engine did not end on `version`.
     """
-    result = await asyncio.to_thread(pull, source, version, local, durable=durable)
-    config = result.path / "config.json"
-    if config.is_file() and json.loads(config.read_text()).get("tie_word_embeddings"):
-        raise WeightSyncError(
-            f"v{version} ties the LM head to the embedding: vLLM 0.32's in-place reload keeps a tied head's "
-            "old weights (it logs 'ParallelLMHead: Failed to load weights'), so the engine would serve a "
-            "mix of versions. Serve and train the model untied (lm_head.weight written out, "
-            "tie_word_embeddings false)"
-        )
-    async with httpx.AsyncClient(timeout=http_timeout) as client:
-        paused = await asyncio.gather(
-            *(reload_engine(client, u.rstrip("/"), result.path, str(version)) for u in urls)
-        )
+    result, paused = await pull_and_load(
+        urls, source, version, local, reload_engine, durable=durable, http_timeout=http_timeout, check=_untied
+    )
     log.info(
         "vLLM engines reloaded",
         extra={
@@ -105,6 +88,17 @@ async def apply_version(
         },
     )
     return result
+
+
+def _untied(result: PullResult) -> None:
+    config = result.path / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("tie_word_embeddings"):
+        raise WeightSyncError(
+            f"v{result.version} ties the LM head to the embedding: vLLM 0.32's in-place reload keeps a "
+            "tied head's old weights (it logs 'ParallelLMHead: Failed to load weights'), so the engine would "
+            "serve a mix of versions. Serve and train the model untied (lm_head.weight written out, "
+            "tie_word_embeddings false)"
+        )
 
 
 async def served_versions(urls: Sequence[str], http_timeout: float = 60.0) -> list[str]:

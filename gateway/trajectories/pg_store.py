@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import select
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -157,6 +158,8 @@ class Link:
         gets its stored answer).
         """
         psycopg = psycopg_module()
+        if not idempotent:
+            self._drop_if_closed_by_server()
         for attempt in (1, 2):
             conn = self.conn()
             try:
@@ -167,6 +170,24 @@ class Link:
                 if attempt == 2 or not idempotent:
                     raise StoreUnavailable(f"PostgreSQL connection lost: {exc}".strip()) from exc
         raise AssertionError("unreachable")
+
+    def _drop_if_closed_by_server(self) -> None:
+        """Forget an idle connection whose server hung up (a restart ended its backend).
+
+        Such a connection would fail the next statement only after sending it, and a write that
+        cannot be repeated would then fail although the database is back. An idle connection
+        (nothing in flight, no LISTEN on a `run` link) has nothing to read unless the server closed
+        it or is about to: one non-blocking `select` tells, and the write goes to a new connection.
+        """
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            return
+        try:
+            readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            readable = [True]
+        if readable:
+            self.close()
 
     def close(self) -> None:
         """Close the connection if one is open."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rlgw.gateway.errors import StoreUnavailable
-from rlgw.gateway.sessions.pg_journal import PgSessionJournal
+from rlgw.gateway.sessions.pg_journal import WRITERS, PgSessionJournal
 from rlgw.gateway.trajectories.pg_store import PgTrajectoryStore
 from tests.support.postgres import Cluster
 from tests.support.sample_factory import make_sample
@@ -26,6 +26,12 @@ async def test_a_restarted_database_fails_calls_clearly_then_serves_again(pg_clu
         before = await store.add_samples("t", "s-1", "task", [make_sample(rng)])
         await journal.opened("s-2", {"id": "s-2"}, b"\1" * 32)
         await journal.turn("s-2", {"n": 1})
+        # Every writer thread holds a connection the restart will end (the executor starts a thread
+        # per call submitted while none is idle): each must notice before its next turn's insert,
+        # which is not repeated once sent.
+        writers = [f"w-{i}" for i in range(WRITERS)]
+        await asyncio.gather(*(journal.opened(w, {"id": w}, b"\2" * 32) for w in writers))
+        await asyncio.gather(*(journal.turn(w, {"n": 1}) for w in writers))
         await store.wait("t", after=0, timeout=5)  # the listener runs
         pg_cluster.stop("immediate")  # a crash: no shutdown checkpoint
         try:
@@ -46,6 +52,8 @@ async def test_a_restarted_database_fails_calls_clearly_then_serves_again(pg_clu
         assert after[0] > before[-1]
         await journal.turn("s-2", {"n": 2})
         assert [t["n"] for t in journal.load("s-2").turns] == [1, 2]
+        await asyncio.gather(*(journal.turn(w, {"n": 2}) for w in writers))
+        assert all([t["n"] for t in journal.load(w).turns] == [1, 2] for w in writers)
     finally:
         await store.close()
         journal.close()

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from rlgw.gateway.trajectories.client import GatewayClient, GatewayRequestError, SessionInfo
-from rlgw.integrations.rollout import AgentRunner, Rollout, TaskRequest, run_rollout
+from rlgw.integrations.rollout import AgentRunner, ChatLoop, Rollout, TaskRequest, run_rollout
 from tests.integrations.agents import LOOP
 from tests.integrations.conftest import stream
 from tests.support import fixture_prompts as fp
@@ -45,13 +45,17 @@ async def two_live_attempts(
     An attempt that ends without reaching the rendezvous (its agent failed, or it got a stored outcome
     and never ran) breaks it, so the other attempt fails instead of waiting for it forever.
     """
+    # One plain turn each, no tools: the two attempts decode in one batch, and the tiny fixture's greedy
+    # output may then differ from its usual one (a tool call cut inside its arguments fails a tool loop);
+    # what is under test is the stored finish, not the reply.
+    one_turn = ChatLoop(max_turns=1, chat_template_kwargs={"enable_thinking": False})
     both_open = asyncio.Barrier(2)
     first_finished = asyncio.Event()
     runs: list[str] = []
 
     async def agent(session: SessionInfo, request: TaskRequest) -> float:
         runs.append(session.session_id)
-        await LOOP(session, request)
+        await one_turn(session, request)
         if first_fails and session.session_id == runs[0]:
             raise RuntimeError("the first attempt's sandbox went away")
         await both_open.wait()  # both sessions exist and have turns before either finishes

@@ -10,12 +10,14 @@ import pytest
 from tests.support.procs import FIXTURES
 
 # The throwaway PostgreSQL cluster's fixtures (`pg_cluster`, `pg_url`); per-test time bounds; the
-# watchdog that kills whatever the run started once pytest is gone; the quick tier's marking.
+# watchdog that kills whatever the run started once pytest is gone; the quick tier's marking; the
+# workers' units of tests.
 pytest_plugins = [
     "tests.support.postgres",
     "tests.support.timeouts",
     "tests.support.reaper",
     "tests.support.tiers",
+    "tests.support.workers",
 ]
 
 

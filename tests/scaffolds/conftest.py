@@ -20,9 +20,9 @@ from tests.support.procs import FIXTURES, engine_server, free_port, rlgw_process
 CONTEXT = 32768
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def real_gateway(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory):
-    """A gateway URL, shared by every real-agent test of the session (started on first use)."""
+    """A gateway URL, shared by every real-agent test of tests/scaffolds (started on first use)."""
     if not (tiny_qwen3 / "model.safetensors").exists():
         pytest.skip("tests/fixtures/tiny-qwen3 is not built")
     data = tmp_path_factory.mktemp("real-gw")
@@ -38,7 +38,7 @@ def real_gateway(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory):
             yield url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def agent_stack(tmp_path_factory: pytest.TempPathFactory):
     """Engine on tiny-agent, the recording proxy and `rlgw serve` (the CLIs' prompts need its 64k context)."""
     model = FIXTURES / "tiny-agent"

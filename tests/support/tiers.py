@@ -26,8 +26,9 @@ SPAWNERS = frozenset(
     | {"ray", "playwright", "sync_playwright", "async_playwright"}
 )
 SUPPORT = Path(__file__).resolve().parent
-# The suite's own plugins (this one, the reaper, the time bounds) are no helpers a test calls.
-PLUGINS = ("tiers.py", "reaper.py", "timeouts.py")
+# The suite's own plugins (this one, the reaper, the time bounds, the workers' units) are no helpers
+# a test calls.
+PLUGINS = ("tiers.py", "reaper.py", "timeouts.py", "workers.py")
 HELPERS = frozenset(p.stem for p in SUPPORT.glob("*.py") if p.name not in PLUGINS)
 # The package's own process starters a test may call directly (by name: the package is not read, its
 # names collide across modules).

@@ -5,11 +5,14 @@ Runs `qwen --output-format stream-json --approval-mode yolo --auth-type openai
 Completions surface (`OPENAI_BASE_URL`, the session key in `OPENAI_API_KEY`), its settings
 and state in a directory of its own (`QWEN_HOME`): telemetry, usage statistics and update
 checks off (there is no internet in a sandbox). A `max_tokens` in the run's sampling becomes
-`QWEN_CODE_MAX_OUTPUT_TOKENS`; other sampling values are the session's. Capture turns chat
-compression off (`model.chatCompression.contextPercentageThreshold: 0`: a compression
-rewrites the history); eval keeps qwen-code's default.
+`QWEN_CODE_MAX_OUTPUT_TOKENS`; other sampling values are the session's. A compaction rewrites the
+history: capture compacts only at a full context (`context.autoCompactThreshold: 1`; 0.24 has no
+switch to turn it off) and never clears old tool results (`context.clearContextOnIdle`'s triggers
+-1), and for 0.15 turns chat compression off (`model.chatCompression.contextPercentageThreshold:
+0`); eval keeps qwen-code's defaults.
 
-The pin is 0.15.10, the last release that runs on Node.js 20 (0.21 and later want Node 22).
+The pin is 0.24.4, which wants Node.js 22 or later (0.15.10 was the last on Node 20): the scaffold
+runs it on Node 24 from npm (`default_node_version`), installed into the CLI's prefix first.
 
 Termination: the stream's final `result` event: `success` is `finish`, unless flagged
 `is_error` or its text is qwen-code's `[API Error: ...]` (a refused request ends the run with
@@ -39,7 +42,8 @@ class QwenCodeScaffold(NodeCliScaffold):
     name = "qwen-code"
     package = "@qwen-code/qwen-code"
     binary = "qwen"
-    default_version = "0.15.10"
+    default_version = "0.24.4"
+    default_node_version = "24.22.3"
 
     def settings(self, ctx: ScaffoldContext) -> dict[str, Any]:
         """qwen-code's `settings.json` for this run."""
@@ -49,6 +53,16 @@ class QwenCodeScaffold(NodeCliScaffold):
             "telemetry": {"enabled": False},
         }
         if ctx.mode == "capture":
+            # 0.24 has no switch that turns compaction off: it compacts only at a full context, and never
+            # clears old tool results. 0.15's switch (0: never compress), which 0.24 ignores, stays for
+            # a run pinned to 0.15.
+            settings["context"] = {
+                "autoCompactThreshold": 1.0,
+                "clearContextOnIdle": {
+                    "toolResultsThresholdMinutes": -1,
+                    "toolResultsTotalCharsThreshold": -1,
+                },
+            }
             settings["model"] = {"chatCompression": {"contextPercentageThreshold": 0}}
         return settings
 

@@ -1,10 +1,13 @@
-"""The tiny-agent fixture answers each coding CLI's real prompt with one call of its tool, then an answer.
+"""The tiny-agent fixture answers each harness's real prompt with one call of its tool, then an answer.
 
-The prompts are the CLIs' own first requests of each conversation (`tests/fixtures/agent_requests/`,
-captured from Claude Code 2.1.332, Codex 0.171.0, opencode 1.18.33, qwen-code 0.15.10 and pi 0.73.1),
-rendered whole with the fixture's Qwen3 template: 2k-29k tokens, of which the model's sliding-window
-layers see only the tail. The fast test runs plain transformers on the tail, the slow one sends the whole
-prompt through `rlgw engine` (its chunked prefill, KV cache and greedy sampling), as the gateway does.
+The prompts are the harnesses' own first requests of each conversation (`tests/fixtures/agent_requests/`,
+captured from Claude Code 2.1.332, Codex 0.171.0, opencode 1.18.33, qwen-code 0.15.10 and 0.24.4, pi 0.73.1,
+Gemini CLI 0.61.0, Cline 3.0.65, Copilot CLI 1.0.102, mini-swe-agent 2.4.6 and aider 0.86.2), rendered whole
+with the fixture's Qwen3 template: 0.8k-29k tokens, of which the model's sliding-window layers see only the
+tail. The answer after the call is `ANSWER`, or in mini-swe-agent's conversation its submit command; aider
+(no tools) gets its edit as a file listing. The fast test runs plain transformers on the tail, the slow one
+sends the whole prompt through `rlgw engine` (its chunked prefill, KV cache and greedy sampling), as the
+gateway does.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.fixtures.build_agent_fixture import (
-    ANSWER,
     TAIL,
+    answer_of,
     call_text,
     chat_of,
     echoed,
     load_requests,
     reply_of,
+    results_of,
 )
 from tests.support.procs import FIXTURES, engine_server
 
@@ -35,26 +39,30 @@ TOOL_CALL = re.compile(r"^<tool_call>\n(.*?)\n</tool_call><\|im_end\|>$", re.S)
 pytestmark = pytest.mark.skipif(not (MODEL / "model.safetensors").exists(), reason="tiny-agent is not built")
 
 
+def completion(reply: dict[str, Any] | str) -> str:
+    """The fixture's completion of a reply: the text, or the call's `<tool_call>` block; then `<|im_end|>`."""
+    return (reply if isinstance(reply, str) else call_text(reply)) + "<|im_end|>"
+
+
 def prompts(tok: Any) -> list[tuple[str, str, str]]:
     """(request name, whole rendered prompt, the completion the fixture must give) for every request."""
     out = []
     for name, body in load_requests().items():
         messages, tools = chat_of(body)
         prompt = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-        reply = reply_of(body)
-        out.append((name, prompt, (reply if isinstance(reply, str) else call_text(reply)) + "<|im_end|>"))
+        out.append((name, prompt, completion(reply_of(body))))
     return out
 
 
-def after_tool(tok: Any, name: str, body: dict[str, Any]) -> str:
-    """The prompt of the turn after the call: the call echoed and a tool result."""
+def after_tool(tok: Any, name: str, body: dict[str, Any]) -> tuple[str, str]:
+    """The prompt of the turn after the call (the call echoed and its tool's result), and its completion."""
     messages, tools = chat_of(body)
-    turn = [
-        *messages,
-        echoed(reply_of(body)),
-        {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
-    ]
-    return tok.apply_chat_template(turn, tools=tools, add_generation_prompt=True, tokenize=False)
+    call = reply_of(body)
+    assert isinstance(call, dict)
+    result = {"role": "tool", "tool_call_id": "call_1", "content": results_of(name, call)[0]}
+    turn = [*messages, echoed(call), result]
+    prompt = tok.apply_chat_template(turn, tools=tools, add_generation_prompt=True, tokenize=False)
+    return prompt, completion(answer_of(messages))
 
 
 def test_each_cli_prompt_tail_gets_its_call_and_a_result_gets_the_answer() -> None:
@@ -74,7 +82,8 @@ def test_each_cli_prompt_tail_gets_its_call_and_a_result_gets_the_answer() -> No
     for name, prompt, want in prompts(tok):
         assert greedy(prompt) == want, name
         if TOOL_CALL.match(want):
-            assert greedy(after_tool(tok, name, requests[name])) == ANSWER + "<|im_end|>", name
+            prompt, answer = after_tool(tok, name, requests[name])
+            assert greedy(prompt) == answer, name
 
 
 @pytest.mark.slow
@@ -84,7 +93,7 @@ def test_the_embedded_engine_answers_the_whole_prompts(tmp_path: Path) -> None:
         # Every prompt but Claude Code's second (its first with more tools, far before the tail).
         for name, prompt, want in [p for p in prompts(tok) if p[0] != "claude-code-1"]:
             ids = tok.encode(prompt, add_special_tokens=False)
-            assert len(ids) > TAIL, (name, len(ids))  # the whole prompt, past the window
+            assert len(ids) > TAIL, (name, len(ids))  # the whole prompt, past the window (aider's: 811)
             r = httpx.post(
                 engine + "/generate",
                 json={"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 64},

@@ -48,7 +48,7 @@ def argv_of(sc: NodeCliScaffold, command: str) -> list[str]:
         ("claude-code", "@anthropic-ai/claude-code", "2.1.332", "claude"),
         ("codex", "@openai/codex", "0.171.0", "codex"),
         ("opencode", "opencode-ai", "1.18.33", "opencode"),
-        ("qwen-code", "@qwen-code/qwen-code", "0.15.10", "qwen"),
+        ("qwen-code", "@qwen-code/qwen-code", "0.24.4", "qwen"),
         ("pi", "@mariozechner/pi-coding-agent", "0.73.1", "pi"),
         ("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini"),
         ("cline", "cline", "3.0.65", "cline"),
@@ -61,15 +61,18 @@ def test_each_cli_is_a_pinned_npm_package_in_its_own_prefix(name, package, versi
     assert isinstance(sc, NodeCliScaffold)
     assert sc.prefix == f"/opt/rlgw-agents/{name}-{version}"
     assert sc.executable == f"{sc.prefix}/node_modules/.bin/{binary}"
-    install, check = sc.install_commands(ctx())
+    # A CLI on its own Node.js (qwen-code) installs that first, then itself on it (`export PATH=...; `).
+    *_node, install, check = sc.install_commands(ctx())
+    install = install.split('"$PATH"; ', 1)[-1]
     assert f"npm install --prefix {sc.prefix} " in install and f" {package}@{version} && rm -rf " in install
     assert install.startswith(check + " >/dev/null 2>&1 || (") and f"'{version}'" in check
     other = build_scaffold(name, {"version": "9.9.9", "prefix": "/cache/x"})
     assert (
         other.executable == f"/cache/x/node_modules/.bin/{binary}"
-        and f"{package}@9.9.9" in (other.install_commands(ctx())[0])
+        and f"{package}@9.9.9" in (other.install_commands(ctx())[-2])
     )
     command = sc.run_command(ctx()).split(" >/dev/null && ")[-1]  # after Cline's `cline auth`
+    command = command.split('"$PATH"; ', 1)[-1]
     assert (
         command.startswith("cd /workspace && ")
         and ' "$(cat /rlgw/scaffold/instruction.md)" </dev/null' in command
@@ -146,9 +149,14 @@ def test_qwen_code_talks_to_the_session_chat_surface() -> None:
     assert env == {"OPENAI_BASE_URL": "http://gw:8000/s/abc/v1", "OPENAI_API_KEY": "sk-session",
                    "OPENAI_MODEL": "tiny", "QWEN_HOME": "/rlgw/scaffold/qwen-home"}  # fmt: skip
     settings = json.loads(sc.install_files(c)["/rlgw/scaffold/qwen-home/settings.json"])
-    assert settings["model"] == {"chatCompression": {"contextPercentageThreshold": 0}}  # 0: never compress
+    assert settings["model"] == {"chatCompression": {"contextPercentageThreshold": 0}}  # 0.15: never compress
+    # 0.24: compacts only at a full context, never clears old tool results
+    assert settings["context"] == {"autoCompactThreshold": 1.0, "clearContextOnIdle": {
+        "toolResultsThresholdMinutes": -1, "toolResultsTotalCharsThreshold": -1}}  # fmt: skip
     assert settings["telemetry"] == {"enabled": False} and settings["general"] == {"disableAutoUpdate": True}
-    assert "model" not in json.loads(sc.install_files(ctx("eval"))["/rlgw/scaffold/qwen-home/settings.json"])
+    assert not {"model", "context"} & set(
+        json.loads(sc.install_files(ctx("eval"))["/rlgw/scaffold/qwen-home/settings.json"])
+    )
     capped = sc.env(dataclasses.replace(c, sampling={"max_tokens": 300}))
     assert capped["QWEN_CODE_MAX_OUTPUT_TOKENS"] == "300"
 
@@ -196,7 +204,8 @@ def test_pi_models_json_has_one_provider_on_the_session(api: str) -> None:
 
 
 def test_a_cli_on_its_own_node_installs_node_from_npm_first_and_runs_on_it() -> None:
-    sc = QwenCodeScaffold(version="0.24.4", node_version="24.22.3", prefix="/cache/q")
+    sc = QwenCodeScaffold(prefix="/cache/q")  # the pin, 0.24.4, on Node 24.22.3
+    assert (sc.version, sc.node_version) == ("0.24.4", "24.22.3")
     node_install, node_check, install, _check = sc.install_commands(ctx())
     assert (
         "npm install --prefix /cache/q/node " in node_install and f" {NODE_PACKAGE}@24.22.3 " in node_install
@@ -206,7 +215,7 @@ def test_a_cli_on_its_own_node_installs_node_from_npm_first_and_runs_on_it() -> 
     # npm installs the CLI on that node (install scripts see it), and the run finds it first on PATH.
     assert install.startswith(f'export PATH={bin_dir}:"$PATH"; ') and "@qwen-code/qwen-code@0.24.4" in install
     assert sc.run_command(ctx()).startswith(f'export PATH={bin_dir}:"$PATH"; cd ')
-    plain = QwenCodeScaffold()
+    plain = PiScaffold()  # the sandbox's node
     assert len(plain.install_commands(ctx())) == 2 and "PATH" not in plain.run_command(ctx())
 
 

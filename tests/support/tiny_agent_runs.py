@@ -21,7 +21,8 @@ from rlgw.gateway.trajectories.client import GatewayClient
 from rlgw.scaffolds.agent import AgentConfig, InstalledAgent, RunResult
 from rlgw.scaffolds.scaffold import InstalledScaffold
 from rlgw.scaffolds.tasks import Task, Verifier
-from tests.support.e2e import Stack, check_engine_spans, check_forced_logprobs, stored
+from tests.fixtures.build_agent_fixture import call_text
+from tests.support.e2e import Stack, check_engine_spans, check_forced_logprobs, mask_runs, stored
 from tests.support.real_runs import Sandboxes
 
 VERIFY = (
@@ -51,13 +52,21 @@ def check_token_exact(st: Stack, doc: dict[str, Any]) -> int:
 
 @dataclass
 class AgentRun:
-    """What one run stored: the runner's result, each sample's requests and segment cause, leftovers."""
+    """What one run stored: the runner's result, each sample's requests and segment cause, leftovers, and
+    what the model said (`replies`: every sampled span's text, sample by sample, as decoded with special
+    tokens: a call is its `<tool_call>` block)."""
 
     result: RunResult
     spans: list[int]
     causes: list[str | None]
     conversations: list[int]
     leftovers: list[str]
+    replies: list[str]
+
+    def said(self, reply: dict[str, Any] | str) -> bool:
+        """Whether a sampled span is `reply`: a text, or a call (name, arguments) as its `<tool_call>`."""
+        text = reply if isinstance(reply, str) else call_text(reply)
+        return any(r.removesuffix("<|im_end|>") == text for r in self.replies)
 
     @property
     def detail(self) -> str:
@@ -88,9 +97,13 @@ async def run_on_tiny_agent(
         docs = [(await client.get_trajectory(s["cursor"])).sample for s in r.samples]
     for d in docs:
         validate_sample(d)
-    spans = [check_token_exact(st, stored(st, s["cursor"])) for s in r.samples]
+    raw = [stored(st, s["cursor"]) for s in r.samples]
+    spans = [check_token_exact(st, doc) for doc in raw]
     causes = [d.metadata.get("segment_cause") for d in docs]
     conversations = [d.metadata["conversation"] for d in docs]
-    done = AgentRun(r, spans, causes, conversations, sandboxes.leftovers())
+    done = AgentRun(r, spans, causes, conversations, sandboxes.leftovers(), [
+        st.tokenizer.decode(doc["tokens"][len(doc["tokens"]) - doc["response_length"] :][a:b])
+        for doc in raw for a, b in mask_runs(np.asarray(doc["loss_mask"]))
+    ])  # fmt: skip
     print(done.line(run))
     return done

@@ -10,6 +10,7 @@ from rlgw.scaffolds.cline import ClineScaffold
 from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.copilot import CopilotScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
+from rlgw.scaffolds.hermes import HermesScaffold
 from rlgw.scaffolds.kilo import KiloScaffold
 from rlgw.scaffolds.mini import MiniScaffold
 from rlgw.scaffolds.mini_swe_agent import MiniSweAgentScaffold
@@ -35,6 +36,7 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     ClineScaffold.name: ClineScaffold,
     KiloScaffold.name: KiloScaffold,
     CopilotScaffold.name: CopilotScaffold,
+    HermesScaffold.name: HermesScaffold,
 }
 
 

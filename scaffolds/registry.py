@@ -14,6 +14,7 @@ from rlgw.scaffolds.hermes import HermesScaffold
 from rlgw.scaffolds.kilo import KiloScaffold
 from rlgw.scaffolds.mini import MiniScaffold
 from rlgw.scaffolds.mini_swe_agent import MiniSweAgentScaffold
+from rlgw.scaffolds.openclaw import OpenClawScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.openhands import OpenHandsScaffold
 from rlgw.scaffolds.pi import PiScaffold
@@ -37,6 +38,7 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     KiloScaffold.name: KiloScaffold,
     CopilotScaffold.name: CopilotScaffold,
     HermesScaffold.name: HermesScaffold,
+    OpenClawScaffold.name: OpenClawScaffold,
 }
 
 

@@ -18,9 +18,9 @@ to, and the recorded logprobs equal the engine's teacher-forced ones.
 Claude Code's first request carries a mid-conversation system message and Codex's carries
 `namespace` and hosted tools: both were a 400 before the Messages and Responses surfaces served them.
 
-Cline and Copilot CLI (and the newest qwen-code, on Node 24 from npm) are CLIs tiny-agent was not taught:
-their runs are checked for what they do (finish, reward 0.0, one conversation of a known number of requests)
-with the same token-exactness checks.
+Cline, Copilot CLI and OpenClaw (and the newest qwen-code; OpenClaw and it on Node 24 from npm) are CLIs
+tiny-agent was not taught: their runs are checked for what they do (finish, reward 0.0, one conversation of a
+known number of requests) with the same token-exactness checks.
 
 Samples per run (`SAMPLES`): one per conversation, in the order they opened (issue 24 part 3): a side
 conversation (opencode's title request) or a subagent (Claude Code's `Agent`) opens its own, cause
@@ -40,6 +40,7 @@ from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.copilot import CopilotScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold
+from rlgw.scaffolds.openclaw import OpenClawScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.pi import PiScaffold
 from rlgw.scaffolds.qwen_code import QwenCodeScaffold
@@ -171,3 +172,21 @@ async def test_qwen_code_newest_on_node_24(agent_stack: Stack, tmp_path: Path) -
     done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "qwen-code-newest", TASKS["qwen-code"])
     # tiny-agent calls `Bash`, which 0.24 does not have; qwen-code says so, and the model answers.
     assert_untaught_run(done, requests=2)
+
+
+async def test_openclaw(agent_stack: Stack, tmp_path: Path) -> None:
+    """OpenClaw on Node 24 from npm (the scaffold installs it into the CLI's prefix first), one isolated turn.
+
+    Its prompt ends with the minute and the run's session id, so tiny-agent's greedy answer varies from run
+    to run: mostly a malformed call (`exec_comand`, broken JSON) that OpenClaw does not echo back, asking
+    again (the second request rewrites the first turn), then an answer; sometimes the answer at once. Either
+    way one conversation, no side calls, OpenClaw's own `status: ok`, and no file written."""
+    scaffold = OpenClawScaffold(prefix=prefix_for(OpenClawScaffold))
+    done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "openclaw", TASKS["opencode"])
+    r = done.result
+    assert r.failed_stage is None and r.exit_code == 0, done.detail
+    assert r.termination is TerminationReason.FINISH and r.detail.startswith("status=ok"), done.detail
+    assert r.reward == 0.0 and not r.rejects, done.detail
+    assert (done.causes, done.spans) in [(["start", "rewrite"], [1, 1]), (["start"], [1])], done.causes
+    assert r.turns == sum(done.spans) and done.conversations == [0] * len(done.spans), done.detail
+    assert done.leftovers == []

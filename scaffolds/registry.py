@@ -12,6 +12,7 @@ from rlgw.scaffolds.copilot import CopilotScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
 from rlgw.scaffolds.hermes import HermesScaffold
 from rlgw.scaffolds.kilo import KiloScaffold
+from rlgw.scaffolds.kimi_code import KimiCodeScaffold
 from rlgw.scaffolds.mini import MiniScaffold
 from rlgw.scaffolds.mini_swe_agent import MiniSweAgentScaffold
 from rlgw.scaffolds.openclaw import OpenClawScaffold
@@ -39,6 +40,7 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     CopilotScaffold.name: CopilotScaffold,
     HermesScaffold.name: HermesScaffold,
     OpenClawScaffold.name: OpenClawScaffold,
+    KimiCodeScaffold.name: KimiCodeScaffold,
 }
 
 

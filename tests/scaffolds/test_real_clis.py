@@ -39,6 +39,7 @@ from rlgw.scaffolds.cline import ClineScaffold
 from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.copilot import CopilotScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
+from rlgw.scaffolds.kimi_code import KimiCodeScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold
 from rlgw.scaffolds.openclaw import OpenClawScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
@@ -64,6 +65,7 @@ SAMPLES: dict[str, list[list[str]]] = {
     "qwen-code": [["start"]],
     "pi": [["start"]],
     "gemini-cli": [["start"]],
+    "kimi-code": [["start"]],
     # main (the Agent call, then what tiny-agent makes of the hand-back, whose agent id and timings vary from
     # run to run: an answer, or first a call Claude Code refuses, sometimes cut inside its arguments), the
     # subagent (Bash, the result, an answer)
@@ -73,7 +75,7 @@ SAMPLES: dict[str, list[list[str]]] = {
 
 # Gemini CLI is qwen-code's upstream (the same tools, a prompt of the same shape): the fixture, not trained on
 # Gemini CLI's requests, answers its run with qwen-code's call when given qwen-code's instruction.
-INSTRUCTIONS = {**TASKS, "gemini-cli": TASKS["qwen-code"]}
+INSTRUCTIONS = {**TASKS, "gemini-cli": TASKS["qwen-code"], "kimi-code": TASKS["claude-code"]}
 
 
 def prefix_for(scaffold_cls: type[NodeCliScaffold]) -> str:
@@ -190,3 +192,10 @@ async def test_openclaw(agent_stack: Stack, tmp_path: Path) -> None:
     assert (done.causes, done.spans) in [(["start", "rewrite"], [1, 1]), (["start"], [1])], done.causes
     assert r.turns == sum(done.spans) and done.conversations == [0] * len(done.spans), done.detail
     assert done.leftovers == []
+
+
+async def test_kimi_code(agent_stack: Stack, tmp_path: Path) -> None:
+    """Kimi Code on Node 24 from npm, print mode. Its tools are Claude Code's (`Bash`, `Write`, ...):
+    tiny-agent, given Claude Code's instruction, makes Claude Code's `Bash` call, which Kimi runs, then
+    answers (2 requests, 1 sample, reward 1.0)."""
+    await run_cli(agent_stack, KimiCodeScaffold(prefix=prefix_for(KimiCodeScaffold)), tmp_path)

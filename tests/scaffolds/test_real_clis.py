@@ -39,6 +39,7 @@ from rlgw.scaffolds.cline import ClineScaffold
 from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.copilot import CopilotScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
+from rlgw.scaffolds.kilo import KiloScaffold
 from rlgw.scaffolds.kimi_code import KimiCodeScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold
 from rlgw.scaffolds.openclaw import OpenClawScaffold
@@ -162,6 +163,13 @@ async def test_copilot(agent_stack: Stack, tmp_path: Path) -> None:
     # tiny-agent calls opencode's `write`, which Copilot lacks; Copilot says so, and the model answers.
     done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "copilot", TASKS["opencode"])
     assert_untaught_run(done, requests=2)
+
+
+async def test_kilo(agent_stack: Stack, tmp_path: Path) -> None:
+    """Kilo Code (opencode's fork: a `write` tool among its own) on the session's Chat surface."""
+    scaffold = KiloScaffold(prefix=prefix_for(KiloScaffold))
+    done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "kilo", TASKS["opencode"])
+    assert_untaught_run(done, requests=1)  # tiny-agent answers at once, without the call
 
 
 async def test_qwen_code_newest_on_node_24(agent_stack: Stack, tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from rlgw.scaffolds.scaffold import ScaffoldContext, TrajectoryInfo
 from rlgw.scaffolds.termination import TerminationReason as R
 
 ALIAS = "rlgw"
-KEY_ENV = "RLGW_SESSION_KEY"
+KEY_VARIABLE = "RLGW_SESSION_KEY"
 DEFAULT_MAX_TOKENS = 8192
 # A declared context beyond any model's: Kimi's 85% compaction trigger is never reached.
 NO_COMPACTION = 1 << 40
@@ -63,7 +63,7 @@ class KimiCodeScaffold(NodeCliScaffold):
             f"[providers.{ALIAS}]",
             'type = "openai"',
             f"base_url = {json.dumps(ctx.llm.base_url)}",
-            f"api_key_env = {json.dumps(KEY_ENV)}",
+            f"api_key_env = {json.dumps(KEY_VARIABLE)}",
             "",
             f"[models.{ALIAS}]",
             f"provider = {json.dumps(ALIAS)}",
@@ -88,7 +88,7 @@ class KimiCodeScaffold(NodeCliScaffold):
     def env(self, ctx: ScaffoldContext) -> dict[str, str]:
         return {
             "KIMI_CODE_HOME": f"{ctx.home}/kimi-home",
-            KEY_ENV: ctx.llm.api_key,
+            KEY_VARIABLE: ctx.llm.api_key,
             "KIMI_DISABLE_TELEMETRY": "1",
         }
 

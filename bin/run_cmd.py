@@ -21,14 +21,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `rlgw run`."""
     p = sub.add_parser(
         "run",
-        help="run an installed scaffold (rlgw-mini, openhands, terminus-2, mini-swe-agent, aider, "
-        "claude-code, codex, opencode, qwen-code, pi, gemini-cli, cline, kilo, copilot) on a tasks file",
+        help="run an installed scaffold (rlgw-mini, openhands, terminus-2, mini-swe-agent, aider, hermes, "
+        "claude-code, codex, opencode, qwen-code, pi, gemini-cli, cline, kilo, copilot, openclaw, "
+        "kimi-code) on a tasks file",
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--scaffold", required=True,
-                   help="rlgw-mini, openhands, terminus-2, mini-swe-agent, aider, claude-code, codex, "
-                   "opencode, qwen-code, pi, gemini-cli, cline, kilo or copilot")  # fmt: skip
+                   help="rlgw-mini, openhands, terminus-2, mini-swe-agent, aider, hermes, claude-code, "
+                   "codex, opencode, qwen-code, pi, gemini-cli, cline, kilo, copilot, openclaw "
+                   "or kimi-code")  # fmt: skip
     p.add_argument("--scaffold-option", action="append", default=[], metavar="KEY=JSON",
                    help='scaffold option, value as JSON (repeatable), e.g. version="v1"')  # fmt: skip
     p.add_argument("--tasks", required=True, help="JSONL tasks file (see rlgw.scaffolds.tasks)")

@@ -10,9 +10,10 @@ off (no internet in a sandbox), and capture turns auto-compaction and tool-outpu
 `kilo run --format json -m rlgw/MODEL TASK`, tools allowed by the config's `permission` (7.7.7's
 `--auto` flag, which should do the same, leaves the run hanging before its first request).
 
-The pin is 7.7.7: 7.7.9 was never published, and 7.8.1 is the newest. Not yet recorded for real:
-in a sandbox against `rlgw serve` 7.7.7 logged `session offline, waiting for network` every 5 s and
-sent no request (by hand, against a plain local server, it sent them).
+The pin is 7.7.7: 7.7.9 was never published, and 7.8.1 is the newest. Kilo takes a request that fails
+for a network reason (refused, reset, timed out) for the machine being offline: it logs `session offline,
+waiting for network` and probes kilo.ai, example.com and cloudflare.com until one answers, which
+without internet is never, so such a run hangs until the run's wall-clock limit.
 
 Termination: as opencode's.
 """

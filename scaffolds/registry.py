@@ -10,9 +10,12 @@ from rlgw.scaffolds.cline import ClineScaffold
 from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.copilot import CopilotScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
+from rlgw.scaffolds.hermes import HermesScaffold
 from rlgw.scaffolds.kilo import KiloScaffold
+from rlgw.scaffolds.kimi_code import KimiCodeScaffold
 from rlgw.scaffolds.mini import MiniScaffold
 from rlgw.scaffolds.mini_swe_agent import MiniSweAgentScaffold
+from rlgw.scaffolds.openclaw import OpenClawScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.openhands import OpenHandsScaffold
 from rlgw.scaffolds.pi import PiScaffold
@@ -35,6 +38,9 @@ SCAFFOLDS: dict[str, type[InstalledScaffold]] = {
     ClineScaffold.name: ClineScaffold,
     KiloScaffold.name: KiloScaffold,
     CopilotScaffold.name: CopilotScaffold,
+    HermesScaffold.name: HermesScaffold,
+    OpenClawScaffold.name: OpenClawScaffold,
+    KimiCodeScaffold.name: KimiCodeScaffold,
 }
 
 

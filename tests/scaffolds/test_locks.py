@@ -18,6 +18,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from rlgw.scaffolds.aider import AiderScaffold
+from rlgw.scaffolds.hermes import HermesScaffold
 from rlgw.scaffolds.locks import LOCKS_DIR, Lock, lock_for, normalize
 from rlgw.scaffolds.mini_swe_agent import MiniSweAgentScaffold
 from rlgw.scaffolds.openhands import DEFAULT_VERSIONS, DISTRIBUTIONS
@@ -44,6 +45,7 @@ def test_every_scaffold_release_has_a_lock_naming_it() -> None:
         ("harbor", Terminus2Scaffold().harbor_version),
         ("mini-swe-agent", MiniSweAgentScaffold().version),
         ("aider-chat", AiderScaffold().version),
+        ("hermes-agent", HermesScaffold().version),
     ]
     for distribution, version in releases:
         assert lock_for(distribution, version).pins()[normalize(distribution)] == version

@@ -1,12 +1,14 @@
-"""The npm CLI scaffolds (Claude Code, Codex, opencode, qwen-code, pi, Gemini CLI, Cline, Kilo, Copilot):
-install, command line, settings, and their termination tables.
+"""The npm CLI scaffolds (Claude Code, Codex, opencode, qwen-code, pi, Gemini CLI, Cline, Kilo, Copilot,
+OpenClaw): install, command line, settings, and their termination tables.
 
 The `*_api_error`, `*_turn_failed`, `*_context_error` and `*_stop` logs in `logs/` are the CLIs' own
 event streams from real runs (Claude Code 2.1.332 on today's 400, Codex 0.171.0 on today's 400,
 opencode 1.18.33 finishing against `rlgw serve`; qwen-code 0.15.10 and pi 0.73.1 finishing against the
 fixture builder's scripted server, and answered a 400 in OpenAI's context-length wording; Gemini CLI
 0.61.0 finishing against `rlgw serve` on tiny-agent, and answered its Gemini-worded 400 there; Cline
-3.0.65 on a refused connection and Copilot 1.0.102 on a server answering 500), cut to
+3.0.65 on a refused connection and Copilot 1.0.102 on a server answering 500); `openclaw_*.json` are
+OpenClaw 2026.9.6's `--json` envelopes, `kimi_code_*` Kimi Code 2.1.0's events and stderr (finishing
+against a local server; a refused connection), cut to
 the events the parsers read; the other rows are events of the same schema with the field that
 decides the ending changed.
 """
@@ -27,7 +29,10 @@ from rlgw.scaffolds.copilot import CopilotScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
 from rlgw.scaffolds.install import NODE_PACKAGE
 from rlgw.scaffolds.kilo import KiloScaffold
+from rlgw.scaffolds.kimi_code import NO_COMPACTION as KIMI_NO_COMPACTION
+from rlgw.scaffolds.kimi_code import KimiCodeScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold, json_lines
+from rlgw.scaffolds.openclaw import NO_DEADLINE_S, OpenClawScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.pi import PiScaffold
 from rlgw.scaffolds.qwen_code import QwenCodeScaffold
@@ -249,6 +254,64 @@ def test_kilo_is_opencode_with_kilo_names() -> None:
     assert argv_of(sc, sc.run_command(c)) == [sc.executable, "run", "--format", "json", "-m", "rlgw/tiny"]
 
 
+def test_openclaw_runs_one_isolated_turn_on_a_declared_provider_on_node_24() -> None:
+    sc = build_scaffold("openclaw")
+    assert isinstance(sc, OpenClawScaffold) and sc.prefix == "/opt/rlgw-agents/openclaw-2026.9.6"
+    node_install, _node_check, install, check = sc.install_commands(ctx())
+    assert f" {NODE_PACKAGE}@24.22.3 " in node_install and " openclaw@2026.9.6 && rm -rf " in install
+    assert "'2026.9.6'" in check and sc.run_command(ctx()).startswith(
+        f"export PATH={sc.node_prefix}/node_modules/"
+    )
+    c = dataclasses.replace(ctx("capture"), sampling={"max_tokens": 300})
+    assert argv_of(sc, sc.run_command(c)) == [
+        sc.executable, "agent", "exec", "--config", "/rlgw/scaffold/openclaw.json", "--json",
+        "--model", "rlgw/tiny", "--timeout", str(NO_DEADLINE_S),
+    ]  # fmt: skip
+    config = json.loads(sc.install_files(c)["/rlgw/scaffold/openclaw.json"])
+    assert config["models"] == {"mode": "replace", "providers": {"rlgw": {
+        "baseUrl": "http://gw:8000/s/abc/v1", "apiKey": "sk-session", "api": "openai-completions",
+        "models": [{"id": "tiny", "name": "tiny", "input": ["text"], "maxTokens": 300}],
+    }}}  # fmt: skip
+    assert config["agents"]["defaults"] == {
+        "model": {"primary": "rlgw/tiny"},
+        "compaction": {"enabled": False},
+        "contextPruning": {"mode": "off"},
+    }
+    assert config["update"] == {"checkOnStart": False} and sc.env(c) == {"OPENCLAW_NO_AUTO_UPDATE": "1"}
+    eval_config = json.loads(sc.install_files(ctx("eval"))["/rlgw/scaffold/openclaw.json"])
+    assert eval_config["agents"]["defaults"] == {"model": {"primary": "rlgw/tiny"}}  # eval: its defaults
+    assert "maxTokens" not in eval_config["models"]["providers"]["rlgw"]["models"][0]
+
+
+def test_kimi_code_config_names_the_session_provider_and_its_limits() -> None:
+    sc = build_scaffold("kimi-code")
+    assert isinstance(sc, KimiCodeScaffold) and sc.node_version == "24.22.3"
+    c = ctx("capture", max_turns=5)
+    assert argv_of(sc, sc.run_command(c)) == [sc.executable, "--output-format", "stream-json", "-p"]
+    assert sc.env(c) == {"KIMI_CODE_HOME": "/rlgw/scaffold/kimi-home", "RLGW_SESSION_KEY": "sk-session",
+                         "KIMI_DISABLE_TELEMETRY": "1"}  # fmt: skip
+    config = tomllib.loads(sc.install_files(c)["/rlgw/scaffold/kimi-home/config.toml"])
+    assert config == {
+        "default_model": "rlgw", "telemetry": False, "auto_session_title": False,
+        "providers": {"rlgw": {"type": "openai", "base_url": "http://gw:8000/s/abc/v1",
+                               "api_key_env": "RLGW_SESSION_KEY"}},
+        "models": {"rlgw": {"provider": "rlgw", "model": "tiny", "max_context_size": KIMI_NO_COMPACTION}},
+        "loop_control": {"max_steps_per_turn": 5, "reserved_context_size": 0},
+        "modelOverrides": {"maxCompletionTokens": 8192},
+    }  # fmt: skip
+    capped = dataclasses.replace(ctx("eval"), sampling={"max_tokens": 300})
+    eval_config = tomllib.loads(sc.install_files(capped)["/rlgw/scaffold/kimi-home/config.toml"])
+    assert eval_config["models"]["rlgw"]["max_context_size"] == 262144  # eval: Kimi's own compaction
+    assert eval_config["loop_control"] == {"max_steps_per_turn": 3}
+    assert eval_config["modelOverrides"] == {"maxCompletionTokens": 300}
+
+
+def openclaw_error(kind: str, message: str) -> str:
+    return json.dumps(
+        {"ok": False, "status": "error", "assistantTurns": 1, "error": {"kind": kind, "message": message}}
+    )
+
+
 def test_copilot_runs_offline_on_the_session_as_its_own_provider() -> None:
     sc = CopilotScaffold()
     c = ctx("capture")
@@ -398,7 +461,39 @@ CASES = [
      R.CONTEXT_LENGTH_EXCEEDED, 1),
     (CopilotScaffold, copilot_events(1, 1), 1, R.ERROR, 1),
     (CopilotScaffold, "", 1, R.ERROR, 0),
+    # OpenClaw: its one JSON envelope's status, and the error's kind.
+    (OpenClawScaffold, log("openclaw_ok.json").decode(), 0, R.FINISH, 1),
+    (OpenClawScaffold, log("openclaw_network_error.json").decode(), 2, R.ERROR, 0),
+    (OpenClawScaffold, openclaw_error("context_overflow", "overflow"), 1, R.CONTEXT_LENGTH_EXCEEDED, 1),
+    (OpenClawScaffold, openclaw_error("agent_error", "400 maximum context length is 65536"), 1,
+     R.CONTEXT_LENGTH_EXCEEDED, 1),
+    (OpenClawScaffold, openclaw_error("retry_limit", "gave up"), 1, R.ERROR, 1),
+    (OpenClawScaffold, "not json", 1, R.ERROR, 0),  # no envelope: the base rules
+    # Kimi Code: exit 0, else the error code on its stderr.
+    (KimiCodeScaffold, log("kimi_code_stop.jsonl").decode(), 0, R.FINISH, 1),
+    (KimiCodeScaffold, "", 1, R.ERROR, 0),  # no error line: the base rules
 ]  # fmt: skip
+
+
+def kimi_error(code: str, message: str) -> str:
+    return f"error: failed to run prompt: {code}: {message}\n"
+
+
+@pytest.mark.parametrize(
+    ("stderr", "code", "expected"),
+    [
+        (log("kimi_code_connection_error.log").decode(), "provider.connection_error", R.ERROR),
+        (kimi_error("loop.max_steps_exceeded", "max steps"), "loop.max_steps_exceeded", R.MAX_TURNS),
+        (kimi_error("context.overflow", "overflow"), "context.overflow", R.CONTEXT_LENGTH_EXCEEDED),
+        (kimi_error("provider.api_error", "400 maximum context length is 65536 tokens"), "provider.api_error",
+         R.CONTEXT_LENGTH_EXCEEDED),
+    ],
+)  # fmt: skip
+def test_kimi_code_failures_are_read_from_its_error_code(stderr: str, code: str, expected: R) -> None:
+    sc = KimiCodeScaffold()
+    info = sc.parse_trajectory(ctx(), {"events": b"", "stderr": stderr.encode()}, "", 1)
+    assert sc.termination_reason(infra_error=False, timed_out=False, exit_code=1, trajectory=info) is expected
+    assert info.detail.startswith(code), info.detail
 
 
 @pytest.mark.parametrize(("cls", "events", "exit_code", "expected", "turns"), CASES)

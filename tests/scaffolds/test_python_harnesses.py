@@ -1,5 +1,6 @@
-"""mini-swe-agent and aider scaffolds, offline: their commands, settings and history switches, and how
-their own records (mini's trajectory `exit_status`, aider's output and LLM log) become termination reasons."""
+"""mini-swe-agent, aider and hermes-agent scaffolds, offline: their commands, settings and history switches,
+and how their own records (mini's trajectory `exit_status`, aider's output and LLM log, hermes's usage report
+and final answer) become termination reasons."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import orjson
 import pytest
 
 from rlgw.scaffolds.aider import NO_SUMMARY_TOKENS, parse_aider_output
+from rlgw.scaffolds.hermes import DEFAULT_MAX_TOKENS, HermesScaffold, parse_hermes_usage
 from rlgw.scaffolds.locks import lock_for
 from rlgw.scaffolds.mini_swe_agent import MiniSweAgentScaffold, parse_mini_trajectory
 from rlgw.scaffolds.registry import build_scaffold
@@ -82,3 +84,63 @@ def test_aider_termination_from_its_output() -> None:
     full = parse_aider_output("", "Model openai/tiny has hit a token limit!\n", 0)
     assert full.signals == {R.CONTEXT_LENGTH_EXCEEDED}
     assert parse_aider_output("", "Traceback ...", 1).signals == set()  # the exit code decides: error
+
+
+def test_hermes_command_config_and_compression_switch() -> None:
+    sc = build_scaffold("hermes", {"venv": "/v"})
+    c = ctx("capture")
+    cmd = sc.run_command(c)
+    argv = shlex.split(cmd.split(" && ", 1)[1].split(" -z ")[0])
+    assert argv == [
+        "/v/bin/hermes",
+        "-m",
+        "tiny",
+        "--provider",
+        "custom",
+        "--usage-file",
+        "/rlgw/scaffold/usage.json",
+    ]
+    config = json.loads(sc.install_files(c)["/rlgw/scaffold/hermes-home/config.yaml"])
+    assert config == {
+        "model": {"provider": "custom", "base_url": "http://gw:8000/s/abc/v1", "api_key": "sk-session",
+                  "default": "tiny", "api_mode": "chat_completions", "max_tokens": DEFAULT_MAX_TOKENS},
+        "compression": {"enabled": False},
+    }  # fmt: skip
+    capped = dataclasses.replace(ctx("eval"), sampling={"max_tokens": 512})
+    eval_config = json.loads(sc.install_files(capped)["/rlgw/scaffold/hermes-home/config.yaml"])
+    assert "compression" not in eval_config and eval_config["model"]["max_tokens"] == 512  # eval: its default
+    env = sc.env(c)
+    assert env["HERMES_HOME"] == "/rlgw/scaffold/hermes-home" and env["TIRITH_ENABLED"] == "0"
+    assert "--no-deps -r /rlgw/scaffold/hermes-agent-0.19.0.txt" in sc.install_commands(c)[0]
+
+
+def usage(**fields: object) -> bytes:
+    return orjson.dumps({"api_calls": 2, "completed": True, "failed": False, **fields})
+
+
+@pytest.mark.parametrize(
+    ("report", "output", "code", "expected"),
+    [
+        (usage(), "Created hello.txt.\n", 0, R.FINISH),
+        (usage(), "⚠️ No reply: the model returned empty content after retries and any fallback providers.", 0,
+         R.ERROR),
+        (usage(api_calls=90), "⚠️ No reply: the maximum tool-iteration limit was reached.",
+         0, R.MAX_TURNS),
+        (usage(completed=False, failed=True, api_calls=1),
+         "Context overflow and auto-compaction is disabled (compression.enabled: false).", 0,
+         R.CONTEXT_LENGTH_EXCEEDED),
+        (usage(completed=False, failed=True, failure="Connection refused"), "hermes -z: agent failed", 1,
+         R.ERROR),
+    ],
+)  # fmt: skip
+def test_hermes_termination_from_its_report_and_answer(
+    report: bytes, output: str, code: int, expected: R
+) -> None:
+    info = parse_hermes_usage(report, output, code)
+    assert info.signals == {expected} and info.turns == orjson.loads(report)["api_calls"]
+    sc = HermesScaffold()
+    assert (
+        sc.termination_reason(infra_error=False, timed_out=False, exit_code=code, trajectory=info) is expected
+    )
+    # No report (killed before it wrote one): the exit code decides.
+    assert parse_hermes_usage(None, "", 1).signals == set()

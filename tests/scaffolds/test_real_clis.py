@@ -1,6 +1,7 @@
 """Claude Code, Codex, opencode, qwen-code, pi (on Chat, Messages and Responses), Gemini CLI (on the
-Gemini surface), Cline and Copilot CLI, pinned npm releases, run for real through `rlgw serve` on
-tiny-agent; and Claude Code in a project whose main agent delegates to a subagent with its `Agent` tool.
+Gemini surface), Cline, Copilot CLI, Kimi Code, OpenClaw and Kilo Code, pinned npm releases, run for real
+through `rlgw serve` on tiny-agent; and Claude Code in a project whose main agent delegates to a subagent
+with its `Agent` tool.
 
 Each run goes through the product's own path: `InstalledAgent` with the CLI's scaffold on a local
 sandbox, the scaffold's install command putting the npm package into a cache prefix
@@ -19,7 +20,10 @@ to, and the recorded logprobs equal the engine's teacher-forced ones.
 Claude Code's first request carries a mid-conversation system message and Codex's carries
 `namespace` and hosted tools: both were a 400 before the Messages and Responses surfaces served them.
 
-qwen-code's pin is 0.24.4, on Node 24 from npm (installed by the scaffold into the CLI's prefix).
+qwen-code's pin is 0.24.4, on Node 24 from npm (installed by the scaffold into the CLI's prefix), as are
+Kimi Code's and OpenClaw's. Kimi Code's tools are Claude Code's, so it gets Claude Code's task and makes
+its call. tiny-agent was not taught OpenClaw's and Kilo's prompts: their runs are checked for what they do
+(finish, reward 0.0, one conversation) with the same token-exactness checks.
 
 Samples per run (`SAMPLES`): one per conversation, in the order they opened (issue 24 part 3): a side
 conversation (opencode's title request) or a subagent (Claude Code's `Agent`) opens its own, cause
@@ -38,7 +42,10 @@ from rlgw.scaffolds.cline import ClineScaffold
 from rlgw.scaffolds.codex import CodexScaffold
 from rlgw.scaffolds.copilot import CopilotScaffold
 from rlgw.scaffolds.gemini_cli import GeminiCliScaffold
+from rlgw.scaffolds.kilo import KiloScaffold
+from rlgw.scaffolds.kimi_code import KimiCodeScaffold
 from rlgw.scaffolds.node_cli import NodeCliScaffold
+from rlgw.scaffolds.openclaw import OpenClawScaffold
 from rlgw.scaffolds.opencode import OpencodeScaffold
 from rlgw.scaffolds.pi import PiScaffold
 from rlgw.scaffolds.qwen_code import QwenCodeScaffold
@@ -46,7 +53,7 @@ from rlgw.scaffolds.termination import TerminationReason
 from tests.fixtures.build_agent_fixture import CALLS, SETUP_FILES, TASKS
 from tests.support.agent_venvs import cache_root
 from tests.support.e2e import Stack
-from tests.support.tiny_agent_runs import run_on_tiny_agent
+from tests.support.tiny_agent_runs import AgentRun, run_on_tiny_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_agent]
 
@@ -63,6 +70,7 @@ SAMPLES: dict[str, list[list[str]]] = {
     "gemini-cli": [["start"]],
     "cline": [["start"]],
     "copilot": [["start"]],  # offline: no side call
+    "kimi-code": [["start"]],  # its title request is off
     # main (the Agent call, then what tiny-agent makes of the hand-back, whose agent id and timings vary from
     # run to run: an answer, or first a call Claude Code refuses, sometimes cut inside its arguments), the
     # subagent (Bash, the result, an answer)
@@ -77,14 +85,18 @@ def prefix_for(scaffold_cls: type[NodeCliScaffold]) -> str:
     return str(cache_root() / f"npm-{scaffold_cls.name}-{scaffold_cls.default_version}")
 
 
-async def run_cli(st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, run: str | None = None) -> None:
+async def run_cli(
+    st: Stack, scaffold: NodeCliScaffold, tmp_path: Path, run: str | None = None, *, like: str | None = None
+) -> None:
+    """Run the CLI on its task (or, `like`, another CLI's whose tools it shares); check the taught run."""
     run = run or scaffold.name
-    done = await run_on_tiny_agent(st, scaffold, tmp_path, run, TASKS[run], SETUP_FILES.get(run, {}))
+    task = like or run
+    done = await run_on_tiny_agent(st, scaffold, tmp_path, run, TASKS[task], SETUP_FILES.get(task, {}))
     r = done.result
     assert r.failed_stage is None and r.exit_code == 0, done.detail
     assert r.termination is TerminationReason.FINISH, done.detail
     assert r.reward == 1.0, done.detail  # the CLI ran the fixture's tool call in the workspace
-    assert done.said(CALLS[run]), done.replies
+    assert done.said(CALLS[task]), done.replies
     assert done.causes in SAMPLES[run] and not r.rejects, (done.causes, r.rejects)
     assert done.conversations == list(range(len(done.causes)))
     assert max(done.spans) >= 2, done.spans  # the main conversation: the call, then the answer
@@ -138,3 +150,47 @@ async def test_cline(agent_stack: Stack, tmp_path: Path) -> None:
 async def test_copilot(agent_stack: Stack, tmp_path: Path) -> None:
     """Copilot CLI offline on the session's Chat surface runs its `bash` tool: one conversation."""
     await run_cli(agent_stack, CopilotScaffold(prefix=prefix_for(CopilotScaffold)), tmp_path)
+
+
+async def test_kimi_code(agent_stack: Stack, tmp_path: Path) -> None:
+    """Kimi Code on Node 24 from npm, print mode: Claude Code's `Bash` call, which Kimi runs, an answer."""
+    await run_cli(
+        agent_stack, KimiCodeScaffold(prefix=prefix_for(KimiCodeScaffold)), tmp_path, like="claude-code"
+    )
+
+
+def assert_untaught_run(done: AgentRun, *, requests: int) -> None:
+    """A CLI tiny-agent was not taught (its prompt is new to the fixture): the model makes no call the CLI can
+    run, then answers; the CLI finishes on its own, exit 0, the verifier pays 0.0, one conversation."""
+    r = done.result
+    assert r.failed_stage is None and r.exit_code == 0, done.detail
+    assert r.termination is TerminationReason.FINISH, done.detail
+    assert r.reward == 0.0, done.detail
+    assert done.causes == ["start"] and done.spans == [requests], (done.causes, done.spans)
+    assert done.conversations == [0] and not r.rejects, r.rejects
+    assert done.leftovers == []
+
+
+async def test_kilo(agent_stack: Stack, tmp_path: Path) -> None:
+    """Kilo Code (opencode's fork: a `write` tool among its own) on the session's Chat surface."""
+    scaffold = KiloScaffold(prefix=prefix_for(KiloScaffold))
+    done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "kilo", TASKS["opencode"])
+    assert_untaught_run(done, requests=1)  # tiny-agent answers at once, without the call
+
+
+async def test_openclaw(agent_stack: Stack, tmp_path: Path) -> None:
+    """OpenClaw on Node 24 from npm (the scaffold installs it into the CLI's prefix first), one isolated turn.
+
+    Its prompt ends with the minute and the run's session id, so tiny-agent's greedy answer varies from run
+    to run: mostly a malformed call (`exec_comand`, broken JSON) that OpenClaw does not echo back, asking
+    again (the second request rewrites the first turn), then an answer; sometimes the answer at once. Either
+    way one conversation, no side calls, OpenClaw's own `status: ok`, and no file written."""
+    scaffold = OpenClawScaffold(prefix=prefix_for(OpenClawScaffold))
+    done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "openclaw", TASKS["opencode"])
+    r = done.result
+    assert r.failed_stage is None and r.exit_code == 0, done.detail
+    assert r.termination is TerminationReason.FINISH and r.detail.startswith("status=ok"), done.detail
+    assert r.reward == 0.0 and not r.rejects, done.detail
+    assert (done.causes, done.spans) in [(["start", "rewrite"], [1, 1]), (["start"], [1])], done.causes
+    assert r.turns == sum(done.spans) and done.conversations == [0] * len(done.spans), done.detail
+    assert done.leftovers == []

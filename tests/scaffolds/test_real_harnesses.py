@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rlgw.scaffolds import aider, mini_swe_agent
+from rlgw.scaffolds import aider, hermes, mini_swe_agent
 from rlgw.scaffolds.aider import AiderScaffold
+from rlgw.scaffolds.hermes import HermesScaffold
 from rlgw.scaffolds.locks import lock_for
 from rlgw.scaffolds.mini_swe_agent import MiniSweAgentScaffold
 from rlgw.scaffolds.termination import TerminationReason as R
@@ -55,5 +56,19 @@ async def test_aider(agent_stack: Stack, tmp_path: Path) -> None:
     assert r.termination is R.FINISH and "Applied edit to hello.txt" in r.output_tail, done.detail
     assert r.reward == 1.0 and not r.rejects, done.detail
     assert done.said(CALLS["aider"]), done.replies
+    assert done.causes == ["start"] and done.spans == [1] and done.conversations == [0], done.causes
+    assert done.leftovers == []
+
+
+async def test_hermes(agent_stack: Stack, tmp_path: Path) -> None:
+    venv = locked_venv("hermes-agent", lock_for("hermes-agent", "0.19.0"), hermes.IMPORTS)
+    done = await run_on_tiny_agent(agent_stack, HermesScaffold(venv=str(venv)), tmp_path, "hermes", TASK)
+    r = done.result
+    # tiny-agent answers hermes's prompt (27 tools, `terminal` among them) with a bare `</tool_call>`: empty
+    # content. hermes sends the same request again, four calls in all, then gives up with its own "No reply"
+    # answer (exit 0). Each retry replaces the unanswered turn before it: one sample holding the last attempt.
+    assert r.failed_stage is None and r.exit_code == 0 and r.turns == 4, done.detail
+    assert r.termination is R.ERROR and "No reply: the model returned empty content" in r.detail, done.detail
+    assert r.reward == 0.0 and not r.rejects, done.detail
     assert done.causes == ["start"] and done.spans == [1] and done.conversations == [0], done.causes
     assert done.leftovers == []

@@ -1,8 +1,9 @@
-"""The Python harnesses (mini-swe-agent, ...), each from its committed lock, run for real through
-`rlgw serve` on tiny-agent and checked token-exact as the npm CLIs are (`tests/support/tiny_agent_runs.py`).
+"""The Python harnesses (mini-swe-agent, aider, hermes-agent), each from its committed lock, run for real
+through `rlgw serve` on tiny-agent and checked token-exact as the npm CLIs are
+(`tests/support/tiny_agent_runs.py`).
 
-tiny-agent was taught these harnesses' first requests too (`tests/fixtures/build_agent_fixture.py`): it
-answers mini-swe-agent with its `bash` call, then its submit command; aider (no tools) with the edit as a
+tiny-agent was taught mini-swe-agent's and aider's first requests (`tests/fixtures/build_agent_fixture.py`):
+it answers mini-swe-agent with its `bash` call, then its submit command; aider (no tools) with the edit as a
 file listing in the "whole" format aider's prompt asks for. Each test asserts what the harness does with
 that: what the model said, its requests, samples, conversations and causes, its own termination, and the
 verifier's reward.
@@ -62,7 +63,8 @@ async def test_aider(agent_stack: Stack, tmp_path: Path) -> None:
 
 async def test_hermes(agent_stack: Stack, tmp_path: Path) -> None:
     venv = locked_venv("hermes-agent", lock_for("hermes-agent", "0.19.0"), hermes.IMPORTS)
-    done = await run_on_tiny_agent(agent_stack, HermesScaffold(venv=str(venv)), tmp_path, "hermes", TASK)
+    scaffold = HermesScaffold(venv=str(venv))
+    done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "hermes", TASKS["pi"])
     r = done.result
     # tiny-agent answers hermes's prompt (27 tools, `terminal` among them) with a bare `</tool_call>`: empty
     # content. hermes sends the same request again, four calls in all, then gives up with its own "No reply"

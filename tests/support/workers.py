@@ -1,16 +1,16 @@
-"""The default run on every core (pytest-xdist): workers take whole units of tests, heaviest first.
+"""Runs on more cores (pytest-xdist, opt in): workers take whole units of tests, heaviest first.
 
 A unit is one test module, so a module-scoped server (an engine, a gateway stack) starts once, on the
-worker that runs the module. The tiers whose modules share session-scoped servers are one unit each
+worker that runs the module. The tiers whose modules share package-scoped servers are one unit each
 (`SHARED`): the real engines' tiers (SGLang, then vLLM) and the real agents' runs start their servers
 once in the whole run, not once per worker. Those units go first, so the long ones never start last and leave
 the other workers idle.
 
-pyproject's `-n auto --dist loadscope` turns it on, and `pytest_xdist_make_scheduler` makes the scope
-a unit (xdist's `loadgroup` marks would do it, but pytest 9.2 ignores the node id suffix they rely
-on). The number of workers is the machine's cores, at most `MAX_WORKERS` (each runs its own engines:
-memory, not cores, bounds more). A run that names tests (`path::test`) runs in one process, as a
-debugger wants; `-n 0` does that for any run.
+`-n auto --dist loadscope --no-loadscope-reorder` turns it on, and `pytest_xdist_make_scheduler` makes
+the scope a unit (xdist's `loadgroup` marks would do it, but pytest 9.2 ignores the node id suffix they
+rely on). The number of workers is the machine's cores, at most `MAX_WORKERS` (each runs its own engines:
+memory, not cores, bounds more). A run that names tests (`path::test`) runs in one process. The default run
+stays in one process (docs/development/testing.md says why).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ conversation (opencode's title request) or a subagent (Claude Code's `Agent`) op
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -171,6 +172,11 @@ def assert_untaught_run(done: AgentRun, *, requests: int) -> None:
     assert done.leftovers == []
 
 
+@pytest.mark.skipif(
+    os.environ.get("RLGW_INSTALL_AGENTS") != "1",
+    reason="RLGW_INSTALL_AGENTS=1 runs it: 1-4 min a run, and a request that fails for a network reason "
+    "leaves Kilo waiting for the network until the agent timeout",
+)
 async def test_kilo(agent_stack: Stack, tmp_path: Path) -> None:
     """Kilo Code (opencode's fork: a `write` tool among its own) on the session's Chat surface."""
     scaffold = KiloScaffold(prefix=prefix_for(KiloScaffold))

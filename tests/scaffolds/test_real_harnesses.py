@@ -24,7 +24,7 @@ from rlgw.scaffolds.termination import TerminationReason as R
 from tests.fixtures.build_agent_fixture import CALLS, SUBMIT_CALL, TASKS
 from tests.support.agent_venvs import locked_venv
 from tests.support.e2e import Stack
-from tests.support.tiny_agent_runs import run_on_tiny_agent
+from tests.support.tiny_agent_runs import assert_untaught_run, run_on_tiny_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_agent]
 
@@ -65,12 +65,5 @@ async def test_hermes(agent_stack: Stack, tmp_path: Path) -> None:
     venv = locked_venv("hermes-agent", lock_for("hermes-agent", "0.19.0"), hermes.IMPORTS)
     scaffold = HermesScaffold(venv=str(venv))
     done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "hermes", TASKS["pi"])
-    r = done.result
-    # tiny-agent answers hermes's prompt (27 tools, `terminal` among them) with a bare `</tool_call>`: empty
-    # content. hermes sends the same request again, four calls in all, then gives up with its own "No reply"
-    # answer (exit 0). Each retry replaces the unanswered turn before it: one sample holding the last attempt.
-    assert r.failed_stage is None and r.exit_code == 0 and r.turns == 4, done.detail
-    assert r.termination is R.ERROR and "No reply: the model returned empty content" in r.detail, done.detail
-    assert r.reward == 0.0 and not r.rejects, done.detail
-    assert done.causes == ["start"] and done.spans == [1] and done.conversations == [0], done.causes
-    assert done.leftovers == []
+    # tiny-agent was not taught hermes's prompt (27 tools, `terminal` among them).
+    assert_untaught_run(done)

@@ -21,6 +21,7 @@ from rlgw.gateway.trajectories.client import GatewayClient
 from rlgw.scaffolds.agent import AgentConfig, InstalledAgent, RunResult
 from rlgw.scaffolds.scaffold import InstalledScaffold
 from rlgw.scaffolds.tasks import Task, Verifier
+from rlgw.scaffolds.termination import TerminationReason
 from tests.fixtures.build_agent_fixture import call_text
 from tests.support.e2e import Stack, check_engine_spans, check_forced_logprobs, mask_runs, stored
 from tests.support.real_runs import Sandboxes
@@ -107,3 +108,21 @@ async def run_on_tiny_agent(
     ])  # fmt: skip
     print(done.line(run))
     return done
+
+
+def assert_untaught_run(done: AgentRun, *, one_conversation: bool = True) -> None:
+    """A harness tiny-agent was not taught: what the model says to its prompt is noise (it changes whenever
+    the fixture is retrained), so the run is held to what rlgw owes it whatever was said. The harness ran and
+    ended by its own account (finish, or the error it reports), every sample is token-exact (checked by
+    `run_on_tiny_agent`), none was rejected, and no process is left behind; with `one_conversation`, all its
+    requests are one conversation opened at `start` (a request that rewrites an unanswered turn is a
+    `rewrite`). A harness that answers noise by compacting or starting over (OpenClaw) opens more."""
+    r = done.result
+    assert r.failed_stage is None, done.detail
+    assert r.termination in (TerminationReason.FINISH, TerminationReason.ERROR), done.detail
+    assert not r.rejects and done.spans and all(n >= 1 for n in done.spans), (r.rejects, done.spans)
+    assert done.causes[0] == "start", done.causes
+    if one_conversation:
+        assert set(done.causes[1:]) <= {"rewrite"}, done.causes
+        assert done.conversations == [0] * len(done.spans), done.conversations
+    assert done.leftovers == []

@@ -1,12 +1,15 @@
-"""Shared fixtures: paths of the committed test models; GPU and long-tier skipping."""
+"""Shared fixtures: paths of the committed test models, the gateway stacks on them; GPU and long-tier
+skipping."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.e2e import Stack, stack
 from tests.support.procs import FIXTURES
 
 # The throwaway PostgreSQL cluster's fixtures (`pg_cluster`, `pg_url`); per-test time bounds; the
@@ -52,3 +55,20 @@ def tiny_qwen3() -> Path:
 def tiny_chatml() -> Path:
     """The committed tiny ChatML checkpoint (SmolLM2's tokenizer and template)."""
     return FIXTURES / "tiny-chatml"
+
+
+@pytest.fixture(scope="session")
+def qwen3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`rlgw serve` in front of a recording proxy and `rlgw engine` on tiny-qwen3, started once for every
+    module that only talks to it through its API: each test opens its own sessions and reads back its own
+    samples (by session id, by engine rid in the recorder), so what other modules stored is not in its
+    way."""
+    with stack(tiny_qwen3, tmp_path_factory.mktemp("store-qwen3")) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def chatml(tiny_chatml: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The same on tiny-chatml, the gateway parsing calls with the `hermes` tool parser."""
+    with stack(tiny_chatml, tmp_path_factory.mktemp("store-chatml"), "--tool-parser", "hermes") as s:
+        yield s

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.e2e import Stack, stack
 from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.procs import free_port, rlgw_process
 
@@ -38,15 +37,3 @@ def gw(fe: FaultEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
     ]
     with rlgw_process(args, "/health", port, env={"RLGW_TENANT_KEYS": KEYS}) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tiny_qwen3, tmp_path_factory.mktemp("store-qwen3")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def chatml(tiny_chatml: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tiny_chatml, tmp_path_factory.mktemp("store-chatml"), "--tool-parser", "hermes") as s:
-        yield s

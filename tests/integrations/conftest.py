@@ -5,23 +5,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import orjson
-import pytest
 
-from tests.support.e2e import Stack, stack
+from tests.support.e2e import Stack
 from tests.support.procs import REPO
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tiny_qwen3, tmp_path_factory.mktemp("store-integrations")) as s:
-        yield s
 
 
 def stored_samples(st: Stack, session_id: str) -> list[dict[str, Any]]:

@@ -2,11 +2,11 @@
 through `rlgw serve` on tiny-agent and checked token-exact as the npm CLIs are
 (`tests/support/tiny_agent_runs.py`).
 
-tiny-agent was taught mini-swe-agent's and aider's first requests (`tests/fixtures/build_agent_fixture.py`):
-it answers mini-swe-agent with its `bash` call, then its submit command; aider (no tools) with the edit as a
-file listing in the "whole" format aider's prompt asks for. Each test asserts what the harness does with
-that: what the model said, its requests, samples, conversations and causes, its own termination, and the
-verifier's reward.
+tiny-agent was taught their first requests (`tests/fixtures/build_agent_fixture.py`): it answers
+mini-swe-agent with its `bash` call, then its submit command; aider (no tools) with the edit as a file
+listing in the "whole" format aider's prompt asks for; hermes-agent with its `terminal` call, then an
+answer. Each test asserts what the harness does with that: what the model said, its requests, samples,
+conversations and causes, its own termination, and the verifier's reward.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rlgw.scaffolds.termination import TerminationReason as R
 from tests.fixtures.build_agent_fixture import CALLS, SUBMIT_CALL, TASKS
 from tests.support.agent_venvs import locked_venv
 from tests.support.e2e import Stack
-from tests.support.tiny_agent_runs import assert_untaught_run, run_on_tiny_agent
+from tests.support.tiny_agent_runs import run_on_tiny_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_agent]
 
@@ -64,6 +64,12 @@ async def test_aider(agent_stack: Stack, tmp_path: Path) -> None:
 async def test_hermes(agent_stack: Stack, tmp_path: Path) -> None:
     venv = locked_venv("hermes-agent", lock_for("hermes-agent", "0.19.0"), hermes.IMPORTS)
     scaffold = HermesScaffold(venv=str(venv))
-    done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "hermes", TASKS["pi"])
-    # tiny-agent was not taught hermes's prompt (27 tools, `terminal` among them).
-    assert_untaught_run(done)
+    done = await run_on_tiny_agent(agent_stack, scaffold, tmp_path, "hermes", TASKS["hermes"])
+    r = done.result
+    # Its `terminal` tool (one of 27) writes hello.txt; `-z` prints the answer and exits: one conversation of
+    # two requests, no side call.
+    assert r.failed_stage is None and r.exit_code == 0, done.detail
+    assert r.termination is R.FINISH and r.reward == 1.0 and not r.rejects, done.detail
+    assert done.said(CALLS["hermes"]), done.replies
+    assert done.causes == ["start"] and done.spans == [2], (done.causes, done.spans)
+    assert done.conversations == [0] and done.leftovers == []

@@ -21,7 +21,6 @@ from rlgw.gateway.trajectories.client import GatewayClient
 from rlgw.scaffolds.agent import AgentConfig, InstalledAgent, RunResult
 from rlgw.scaffolds.scaffold import InstalledScaffold
 from rlgw.scaffolds.tasks import Task, Verifier
-from rlgw.scaffolds.termination import TerminationReason
 from tests.fixtures.build_agent_fixture import call_text
 from tests.support.e2e import Stack, check_engine_spans, check_forced_logprobs, mask_runs, stored
 from tests.support.real_runs import Sandboxes
@@ -53,13 +52,15 @@ def check_token_exact(st: Stack, doc: dict[str, Any]) -> int:
 
 @dataclass
 class AgentRun:
-    """What one run stored: the runner's result, each sample's requests and segment cause, leftovers, and
+    """What one run stored: the runner's result, each sample's requests, segment cause (and what the gateway
+    says about it: `cause_details`), leftovers, and
     what the model said (`replies`: every sampled span's text, sample by sample, as decoded with special
     tokens: a call is its `<tool_call>` block)."""
 
     result: RunResult
     spans: list[int]
     causes: list[str | None]
+    cause_details: list[str | None]
     conversations: list[int]
     leftovers: list[str]
     replies: list[str]
@@ -90,7 +91,9 @@ async def run_on_tiny_agent(
     task = Task(f"{run}-hello", instruction, setup_files={"README.md": "notes\n", **(files or {})},
                 verifier=Verifier(VERIFY, timeout_s=60))  # fmt: skip
     sandboxes = Sandboxes(tmp_path)
-    config = AgentConfig(mode="capture", model="tiny-agent", max_turns=max_turns, agent_timeout_s=900,
+    # Every taught run takes seconds: a harness left waiting (Kilo waits for the network after a request fails
+    # for a network reason) fails its test in 5 minutes, not 15.
+    config = AgentConfig(mode="capture", model="tiny-agent", max_turns=max_turns, agent_timeout_s=300,
                          install_timeout_s=1800, sampling={"temperature": 0.0},
                          artifacts_dir=tmp_path / "artifacts")  # fmt: skip
     async with GatewayClient(st.gateway) as client:
@@ -101,28 +104,11 @@ async def run_on_tiny_agent(
     raw = [stored(st, s["cursor"]) for s in r.samples]
     spans = [check_token_exact(st, doc) for doc in raw]
     causes = [d.metadata.get("segment_cause") for d in docs]
+    details = [d.metadata.get("segment_cause_detail") for d in docs]
     conversations = [d.metadata["conversation"] for d in docs]
-    done = AgentRun(r, spans, causes, conversations, sandboxes.leftovers(), [
+    done = AgentRun(r, spans, causes, details, conversations, sandboxes.leftovers(), [
         st.tokenizer.decode(doc["tokens"][len(doc["tokens"]) - doc["response_length"] :][a:b])
         for doc in raw for a, b in mask_runs(np.asarray(doc["loss_mask"]))
     ])  # fmt: skip
     print(done.line(run))
     return done
-
-
-def assert_untaught_run(done: AgentRun, *, one_conversation: bool = True) -> None:
-    """A harness tiny-agent was not taught: what the model says to its prompt is noise (it changes whenever
-    the fixture is retrained), so the run is held to what rlgw owes it whatever was said. The harness ran and
-    ended by its own account (finish, or the error it reports), every sample is token-exact (checked by
-    `run_on_tiny_agent`), none was rejected, and no process is left behind; with `one_conversation`, all its
-    requests are one conversation opened at `start` (a request that rewrites an unanswered turn is a
-    `rewrite`). A harness that answers noise by compacting or starting over (OpenClaw) opens more."""
-    r = done.result
-    assert r.failed_stage is None, done.detail
-    assert r.termination in (TerminationReason.FINISH, TerminationReason.ERROR), done.detail
-    assert not r.rejects and done.spans and all(n >= 1 for n in done.spans), (r.rejects, done.spans)
-    assert done.causes[0] == "start", done.causes
-    if one_conversation:
-        assert set(done.causes[1:]) <= {"rewrite"}, done.causes
-        assert done.conversations == [0] * len(done.spans), done.conversations
-    assert done.leftovers == []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 from rlgw.gateway.surfaces.anthropic import translate as at
 from rlgw.gateway.surfaces.anthropic.api import turn_params
 from tests.support import fixture_prompts as fp
-from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stack, stored
+from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stored
 from tests.support.surface_e2e import chat_reply, result_text
 
 pytestmark = pytest.mark.slow
@@ -31,12 +30,6 @@ TOOLS = [
     {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
     for f in (t["function"] for t in fp.TOOLS)
 ]
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tiny_qwen3, tmp_path_factory.mktemp("store-messages")) as s:
-        yield s
 
 
 def as_chat(reply: Any) -> Any:

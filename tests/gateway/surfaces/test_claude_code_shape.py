@@ -11,8 +11,6 @@ here, so turns may be cut by `max_tokens`: the checks are the ones that hold for
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -20,7 +18,7 @@ import numpy as np
 import pytest
 
 from rlgw.gateway.surfaces.anthropic.translate import MessagesInput, turn_params
-from tests.support.e2e import Stack, finish, mask_runs, open_session, stack, stored
+from tests.support.e2e import Stack, finish, mask_runs, open_session, stored
 
 pytestmark = pytest.mark.slow
 
@@ -112,12 +110,6 @@ HISTORY: list[dict[str, Any]] = [
         ],
     },
 ]
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tiny_qwen3, tmp_path_factory.mktemp("store-claude-code")) as s:
-        yield s
 
 
 def claude_turn(client: anthropic.Anthropic, messages: list[dict[str, Any]]) -> tuple[Any, list[str]]:

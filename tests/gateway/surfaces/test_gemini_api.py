@@ -10,8 +10,6 @@ logprobs). Errors answer in Gemini's format.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +21,7 @@ from google.genai import types
 
 from rlgw.gateway.surfaces.gemini import translate as gt
 from tests.support import fixture_prompts as fp
-from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stack, stored
+from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stored
 from tests.support.surface_e2e import chat_reply, result_text
 
 pytestmark = pytest.mark.slow
@@ -42,12 +40,6 @@ SCHEMA_DECLARATIONS = [
     for f in (t["function"] for t in fp.TOOLS)
 ]
 NO_RETRY = types.HttpRetryOptions(attempts=1)
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tiny_qwen3, tmp_path_factory.mktemp("store-gemini")) as s:
-        yield s
 
 
 def by_key(st: Stack, key: str, version: str = "v1beta") -> genai.Client:

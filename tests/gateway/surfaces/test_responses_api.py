@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,13 @@ import pytest
 
 from rlgw.gateway.surfaces.responses.translate import chat_messages
 from tests.support import fixture_prompts as fp
-from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stack, stored
+from tests.support.e2e import Run, Stack, check_sample, echo, finish, open_session, stored
 from tests.support.surface_e2e import chat_reply, result_text
 
 pytestmark = pytest.mark.slow
 
 TOOLS = [{"type": "function", **t["function"]} for t in fp.TOOLS]
 BERLIN = "What is the weather in Berlin?"
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tiny_qwen3, tmp_path_factory.mktemp("store-responses")) as s:
-        yield s
 
 
 def as_chat(response: Any) -> Any:

@@ -1,5 +1,6 @@
-"""Fixtures shared by the gateway tests: a scripted engine with a gateway on it (the HTTP contract),
-and the real engine + recording proxy + gateway stacks on both fixtures (end to end, per module)."""
+"""Fixtures shared by the gateway tests: a scripted engine with a gateway on it (the HTTP contract), per
+module. The real engine + recording proxy + gateway stacks on both fixtures (`qwen3`, `chatml`) are the
+run's, in `tests/conftest.py`."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Gemini CLI 0.61.0, Cline 3.0.65, Copilot CLI 1.0.102, Kimi Code 2.1.0, OpenClaw 
 mini-swe-agent 2.4.6, aider 0.86.2 and hermes-agent 0.19.0), as captured and in other sandboxes, rendered
 whole with the fixture's Qwen3 template: 0.8k-29k tokens, of which the model's sliding-window layers see only
 the tail. The answer after the call is `ANSWER`, or in mini-swe-agent's conversation its submit command; aider
-(no tools) gets its edit as a file listing. The fast test runs plain transformers on the tail, the slow one
+(no tools) gets its edit as a file listing. The fast test runs plain transformers on the tail, the long one
 sends the whole prompt through `rlgw engine` (its chunked prefill, KV cache and greedy sampling), as the
 gateway does.
 """
@@ -95,7 +95,9 @@ def test_each_cli_prompt_tail_gets_its_call_and_a_result_gets_the_answer() -> No
             assert greedy(prompt) == answer, name
 
 
-@pytest.mark.slow
+# Long tier: every real-harness test in the default run sends its harness's whole prompt through `rlgw
+# engine` and asserts the call; this checks all the captured prompts at once, without the harnesses (41 s).
+@pytest.mark.long
 def test_the_embedded_engine_answers_the_whole_prompts(tmp_path: Path) -> None:
     tok = AutoTokenizer.from_pretrained(str(MODEL))
     with engine_server(MODEL) as engine:

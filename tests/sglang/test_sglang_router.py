@@ -20,7 +20,7 @@ import pytest
 from tests.support.procs import free_port, rlgw_process
 from tests.support.recording_proxy import Recorder, recording_proxy
 from tests.support.router_proc import router
-from tests.support.sglang_env import sglang_python, sglang_server
+from tests.support.sglang_env import sglang_python, sglang_servers
 
 pytest.importorskip("sglang_router")
 pytestmark = pytest.mark.slow
@@ -37,8 +37,8 @@ def test_sessions_stay_on_one_sglang_worker_and_reuse_its_cache(tiny_qwen3: Path
     with contextlib.ExitStack() as stack:
         recorders: list[Recorder] = []
         proxies = []
-        for w in range(2):
-            engine = stack.enter_context(sglang_server(tiny_qwen3, log=tmp_path / f"sglang-{w}.log"))
+        logs = [tmp_path / f"sglang-{w}.log" for w in range(2)]
+        for engine in stack.enter_context(sglang_servers(tiny_qwen3, logs)):
             url, recorder = stack.enter_context(recording_proxy(engine))
             proxies.append(url)
             recorders.append(recorder)

@@ -143,17 +143,35 @@ def sglang_server(model: Path, *extra: str, log: Path | None = None) -> Iterator
     Without `--max-total-tokens` the KV pool is sized from free memory (15 GB); without
     `--dtype float32` a float32 checkpoint is served as float16.
     """
-    port = free_port()
-    proc = start_sglang(model, port, *extra, log=log)
+    with sglang_servers(model, [log], *extra) as (url,):
+        yield url
+
+
+@contextlib.contextmanager
+def sglang_servers(model: Path, logs: list[Path | None], *extra: str) -> Iterator[list[str]]:
+    """One SGLang server on `model` per entry of `logs` (each logging there), started side by side: the
+    workers of a scale-out test pay one start-up, not one each. Yields their base URLs."""
+    ports = [free_port() for _ in logs]
+    procs = [launch_sglang(model, port, *extra, log=log) for port, log in zip(ports, logs, strict=True)]
     try:
-        yield f"http://127.0.0.1:{port}"
+        for proc, port, log in zip(procs, ports, logs, strict=True):
+            await_sglang(proc, port, log)
+        yield [f"http://127.0.0.1:{port}" for port in ports]
     finally:
-        stop_sglang(proc)
+        for proc in procs:
+            stop_sglang(proc)
 
 
 def start_sglang(model: Path, port: int, *extra: str, log: Path | None = None) -> subprocess.Popen:
     """Start SGLang on `model` at `port` (its own process group) and wait for its `/health`; see
     `sglang_server`. The caller stops it with `stop_sglang`."""
+    proc = launch_sglang(model, port, *extra, log=log)
+    await_sglang(proc, port, log)
+    return proc
+
+
+def launch_sglang(model: Path, port: int, *extra: str, log: Path | None = None) -> subprocess.Popen:
+    """SGLang on `model` at `port`, started in its own process group; not yet waited for."""
     python = sglang_python()
     cmd = [
         str(python), "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
@@ -161,16 +179,20 @@ def start_sglang(model: Path, port: int, *extra: str, log: Path | None = None) -
         "--skip-server-warmup", *extra,
     ]  # fmt: skip
     out = open(log, "a") if log else subprocess.DEVNULL
-    env = server_env()
     with out if log else contextlib.nullcontext():
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+        )
+
+
+def await_sglang(proc: subprocess.Popen, port: int, log: Path | None) -> None:
+    """Wait for a launched SGLang's `/health`; stop it and raise with its log's tail if it never comes up."""
     try:
         wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=300)
     except (RuntimeError, TimeoutError) as exc:
         stop_sglang(proc)
         tail = log.read_text()[-4000:] if log else ""
         raise RuntimeError(f"SGLang did not start: {exc}\n{tail}") from exc
-    return proc
 
 
 def stop_sglang(proc: subprocess.Popen) -> None:

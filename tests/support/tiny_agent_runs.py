@@ -53,9 +53,8 @@ def check_token_exact(st: Stack, doc: dict[str, Any]) -> int:
 @dataclass
 class AgentRun:
     """What one run stored: the runner's result, each sample's requests, segment cause (and what the gateway
-    says about it: `cause_details`), leftovers, and
-    what the model said (`replies`: every sampled span's text, sample by sample, as decoded with special
-    tokens: a call is its `<tool_call>` block)."""
+    says about it: `cause_details`), leftovers, and what the model said (`replies`: every sampled span's
+    text, sample by sample, as decoded with special tokens: a call is its `<tool_call>` block)."""
 
     result: RunResult
     spans: list[int]

